@@ -154,8 +154,7 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
     rep = df["repeat"]
     _report(problems, path, np.flatnonzero((rep.isna() | (rep < 1)).to_numpy(dtype=bool, na_value=True)),
             "repeat", "must be an integer >= 1", first_row, rep)
-    status = df["status"].astype("string").fillna("")
-    ok = (status == "ok").to_numpy(dtype=bool)
+    ok = (df["status"] == "ok").to_numpy(dtype=bool, na_value=False)
     has_chunk = ~blank("chunk_id")
     rank = df["rank"]
     rank_na = rank.isna().to_numpy(dtype=bool)

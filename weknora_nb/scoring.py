@@ -143,12 +143,75 @@ def _str(x) -> str | None:
 
 
 def _codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes and the distinct values (as an object array of str) of a column."""
+    """Integer codes (-1 for missing) and the distinct values (object array of str) of a column."""
     if isinstance(s.dtype, pd.CategoricalDtype):
-        s = s.cat.remove_unused_categories()
         return s.cat.codes.to_numpy(dtype=np.int64), np.asarray(s.cat.categories.astype(str), dtype=object)
     codes, uniques = pd.factorize(s, use_na_sentinel=True)
     return codes.astype(np.int64), np.asarray(pd.Index(uniques).astype(str), dtype=object)
+
+
+def _small_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, codes) of an array of small non-negative integers, in O(n)."""
+    if not len(a):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo = int(a.min())
+    present = np.flatnonzero(np.bincount(a - lo)) + lo
+    lookup = np.full(int(a.max()) - lo + 1, -1, dtype=np.int64)
+    lookup[present - lo] = np.arange(len(present))
+    return present, lookup[a - lo]
+
+
+def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, default: int = 0) -> np.ndarray:
+    """``table_values`` at the position of each of ``keys`` in ``table_keys`` (unique), else ``default``.
+
+    Most keys are usually absent, so a hashed byte filter (one multiply and one gather
+    per key) sets them aside before the exact binary search runs on the few candidates.
+    """
+    out = np.full(len(keys), default, dtype=table_values.dtype)
+    if not len(table_keys) or not len(keys):
+        return out
+    order = np.argsort(table_keys)
+    tk, tv = table_keys[order], table_values[order]
+    bits = int(min(26, max(16, np.ceil(np.log2(len(tk) * 16)))))
+    shift = np.uint64(64 - bits)
+    mult = np.uint64(0x9E3779B97F4A7C15)
+    bloom = np.zeros(1 << bits, dtype=np.bool_)
+    bloom[(tk.astype(np.uint64) * mult) >> shift] = True
+    cand = np.flatnonzero(bloom[(keys.astype(np.uint64) * mult) >> shift])
+    at = np.searchsorted(tk, keys[cand])
+    at_c = np.minimum(at, len(tk) - 1)
+    found = tk[at_c] == keys[cand]
+    out[cand[found]] = tv[at_c[found]]
+    return out
+
+
+def _repeats_within(group: np.ndarray, value: np.ndarray, n_values: int) -> np.ndarray:
+    """True for each row whose value already appeared earlier in the same group.
+
+    ``group`` is sorted (rows of a group are contiguous and in order). Lists are short,
+    so each group is laid out as a row of a padded matrix and sorted row-wise to find
+    the few groups holding a repeat; only their rows go through the exact hash check.
+    """
+    n = len(group)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
+    lengths = np.diff(np.r_[starts, n])
+    width = int(lengths.max())
+    suspect_rows = np.ones(n, dtype=bool)
+    if len(starts) * width <= 4 * n + 1_000_000:
+        col = np.arange(n) - np.repeat(starts, lengths)
+        grid = np.broadcast_to(-1 - np.arange(width, dtype=np.int64), (len(starts), width)).copy()
+        grid[np.repeat(np.arange(len(starts)), lengths), col] = value
+        grid.sort(axis=1)
+        suspect = (grid[:, 1:] == grid[:, :-1]).any(axis=1)
+        suspect_rows = np.repeat(suspect, lengths)
+    idx = np.flatnonzero(suspect_rows)
+    if len(idx):
+        key = group[idx].astype(np.int64) * np.int64(n_values) + value[idx]
+        out[idx] = pd.Series(key).duplicated(keep="first").to_numpy()
+    return out
 
 
 def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metric] | str | None = None, *,
@@ -192,11 +255,13 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     # -- 1. requests ------------------------------------------------------------------
     q_code, q_uni = _codes(df["query_id"])
     s_code, s_uni = _codes(df["stage"])
-    rep = df["repeat"].to_numpy(dtype=np.int64)
-    rep_uni, rep_code = np.unique(rep, return_inverse=True)
+    rep_uni, rep_code = _small_ints(df["repeat"].to_numpy(dtype=np.int64))
     rank = df["rank"].to_numpy(dtype=np.float64, na_value=0).astype(np.int64)
     c_code, c_uni = _codes(df["chunk_id"])
-    st_code, st_uni = _codes(df["status"].astype("string").fillna("ok"))
+    st_code, st_uni = _codes(df["status"])
+    if (st_code < 0).any():  # an empty status means ok
+        st_uni = np.append(st_uni, "ok") if "ok" not in st_uni else st_uni
+        st_code = np.where(st_code < 0, int(np.flatnonzero(st_uni == "ok")[0]), st_code)
 
     n_s, n_rep = max(len(s_uni), 1), max(len(rep_uni), 1)
     req_key = (q_code * n_s + s_code) * n_rep + rep_code
@@ -265,7 +330,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     rows = np.flatnonzero(keep_row)
     rq = req_of_row[rows]
     rc = c_code[rows]
-    dup = pd.Index(rq * np.int64(max(len(c_uni), 1)) + rc).duplicated(keep="first")
+    dup = _repeats_within(rq, rc, max(len(c_uni), 1))
     n_dups_req = np.bincount(rq[dup], minlength=n_req)
     rows, rq, rc = rows[~dup], rq[~dup], rc[~dup]
     seg_start = np.r_[True, rq[1:] != rq[:-1]] if len(rq) else np.zeros(0, bool)
@@ -280,14 +345,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     found = (qr_q >= 0) & (qr_c >= 0)
     n_c = np.int64(max(len(c_uni), 1))
     lab_key = qr_q[found].astype(np.int64) * n_c + qr_c[found]
-    lab_grade = qrels["grade"].to_numpy()[found]
-    srt = np.argsort(lab_key)
-    lab_key, lab_grade = lab_key[srt], lab_grade[srt]
-    row_key = q_code[rows] * n_c + rc
-    at = np.searchsorted(lab_key, row_key)
-    at_c = np.minimum(at, max(len(lab_key) - 1, 0))
-    hit = (at < len(lab_key)) & (lab_key[at_c] == row_key) if len(lab_key) else np.zeros(len(row_key), bool)
-    grade = np.where(hit, lab_grade[at_c] if len(lab_key) else 0, 0).astype(np.int8)
+    grade = _lookup(q_code[rows] * n_c + rc, lab_key, qrels["grade"].to_numpy()[found].astype(np.int8))
 
     # scored requests, renumbered 0..n_sc-1
     sc = np.flatnonzero(r_scored)

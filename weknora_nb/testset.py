@@ -220,10 +220,10 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
         if qid not in relevant:
             problems.append(Problem(str(qp), lineno, "query_id", f"query id {qid!r} is not in the topics file {tp}"))
             continue
-        try:
-            g: Any = int(grade)
-        except ValueError:
-            g = grade
+        g = _grade(int(grade)) if grade.lstrip("-").isdigit() else None
+        if g is None:
+            problems.append(Problem(str(qp), lineno, "relevant", f"grade must be an integer 0-3, got {grade!r}"))
+            continue
         if cid in relevant[qid]:
             problems.append(Problem(str(qp), lineno, "relevant", f"chunk {cid!r} labelled twice for query {qid!r}"))
             continue

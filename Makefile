@@ -1,0 +1,34 @@
+# Two commands for a fresh machine with Python 3.11+:
+#   make demo   set up .venv and run the demo end to end
+#   make test   set up .venv (with test tools) and run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.runtime: $(BIN)/python requirements.txt pyproject.toml
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(BIN)/weknora-nb score data/examples/testset.jsonl data/examples/results.jsonl
+
+test: $(VENV)/.testtools
+	$(BIN)/python -m pytest
+
+bench: $(VENV)/.testtools
+	$(BIN)/python benchmarks/bench_scoring.py
+
+clean:
+	rm -rf $(VENV)
