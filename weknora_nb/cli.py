@@ -34,6 +34,41 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    import os
+    import signal
+    import threading
+
+    from .sandbox import SandboxServer
+
+    if not os.environ.get("WEKNORA_API_KEY"):
+        print("error: set WEKNORA_API_KEY first (any value, e.g. export WEKNORA_API_KEY=sk-sandbox-local): the "
+              "sandbox accepts that key and clients read it from the same variable", file=sys.stderr)
+        return 2
+    faults = json.loads(args.faults) if args.faults else None
+    server = SandboxServer(args.version, host=args.host, port=args.port, data_dir=args.data, faults=faults,
+                           allow_fault_control=args.allow_fault_control, show_progress=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with server:
+        print(f"sandbox version {server.version.name!r} serving knowledge base {server.kb_id!r} on "
+              f"{server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.", flush=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _cmd_sandbox_versions(args: argparse.Namespace) -> int:
+    from .sandbox import load_demo_versions
+
+    for name, v in load_demo_versions(args.data).items():
+        print(f"{name:16s} {v.description}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="weknora-nb", description="Measure how well a WeKnora knowledge base retrieves.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -51,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     s.add_argument("--compact", action="store_true", help="with --json: no indentation")
     s.set_defaults(func=_cmd_score)
+
+    sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
+    sbs = sb.add_subparsers(dest="sandbox_command", required=True)
+    serve = sbs.add_parser("serve", help="serve one system version on loopback")
+    serve.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    serve.add_argument("--version", default="baseline", help="system version from versions.yaml")
+    serve.add_argument("--data", default=None, help="demo folder (default: data/demo of this checkout)")
+    serve.add_argument("--faults", default=None,
+                       help='faults to inject, as JSON, e.g. \'{"latency_ms": 50, "error_rate": 0.05}\'')
+    serve.add_argument("--allow-fault-control", action="store_true", help="expose PUT /_sandbox/faults")
+    serve.set_defaults(func=_cmd_sandbox_serve)
+    vers = sbs.add_parser("versions", help="list the system versions")
+    vers.add_argument("--data", default=None)
+    vers.set_defaults(func=_cmd_sandbox_versions)
     return p
 
 

