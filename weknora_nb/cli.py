@@ -34,6 +34,33 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from .client import ClientSettings
+    from .collect import collect
+
+    system = None
+    if args.system:
+        system = yaml.safe_load(Path(args.system).read_text(encoding="utf-8"))
+    settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
+                              timeout_s=args.timeout, max_attempts=args.max_attempts,
+                              max_connections=max(args.concurrency, 1))
+    stages = args.stages
+    extra = None
+    if args.stages_file:
+        from .stages import load_stage_file, resolve_stages
+        extra = load_stage_file(args.stages_file)
+        stages = resolve_stages(args.stages, extra)
+    summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
+                      concurrency=args.concurrency, warmup=args.warmup, system=system, resume=args.resume,
+                      retry_failed=args.retry_failed, inventory=not args.no_inventory, progress=not args.quiet)
+    print(summary.describe())
+    return 0 if summary.complete else 1
+
+
 def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -58,6 +85,26 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
                 pass
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def _cmd_sandbox_build(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from .sandbox import build_index, demo_dir, load_demo_versions
+
+    t0 = time.perf_counter()
+    index = build_index(args.data, show_progress=True)
+    for v in load_demo_versions(args.data).values():
+        index.warm(v)
+    docs = len({c.knowledge_id for c in index.chunks})
+    print(f"{len(index.chunks)} chunks from {docs} documents; index built in {time.perf_counter() - t0:.1f} s")
+    if args.write_seed:
+        folder = Path(args.data or demo_dir()) / "cache"
+        for model in sorted(index._embedders):
+            f = index.embedder(model).write_seed([c.content for c in index.chunks], folder)
+            print(f"wrote {f}")
     return 0
 
 
@@ -87,6 +134,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compact", action="store_true", help="with --json: no indentation")
     s.set_defaults(func=_cmd_score)
 
+    c = sub.add_parser("collect", help="collect ranked results from WeKnora into a resumable run folder")
+    c.add_argument("--base-url", required=True, help="WeKnora base URL, e.g. http://127.0.0.1:8080")
+    c.add_argument("--kb-id", required=True, action="append", help="knowledge base id (repeatable)")
+    c.add_argument("--testset", required=True, help="test set file or WeKnora dataset folder")
+    c.add_argument("--stages", default="vector,keyword,hybrid,final",
+                   help="comma-separated stages: vector, keyword, hybrid, final, citations (default: the first four)")
+    c.add_argument("--stages-file", default=None, help="YAML file defining more stages")
+    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    c.add_argument("--warmup", type=int, default=5, help="warm-up queries per stage, not recorded (default 5)")
+    c.add_argument("--out", required=True, help="run folder, e.g. outputs/runs/NAME")
+    c.add_argument("--system", default=None, help="YAML system description recorded in the manifest")
+    c.add_argument("--resume", action="store_true", help="continue the run in --out")
+    c.add_argument("--retry-failed", action="store_true", help="with --resume: request failed ones again")
+    c.add_argument("--timeout", type=float, default=30.0, help="read timeout per request, seconds")
+    c.add_argument("--max-attempts", type=int, default=4, help="attempts per request (retries + 1)")
+    c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
+    c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
+    c.add_argument("--no-inventory", action="store_true", help="do not fetch the chunk listing")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_collect)
+
     sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
     serve = sbs.add_parser("serve", help="serve one system version on loopback")
@@ -98,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help='faults to inject, as JSON, e.g. \'{"latency_ms": 50, "error_rate": 0.05}\'')
     serve.add_argument("--allow-fault-control", action="store_true", help="expose PUT /_sandbox/faults")
     serve.set_defaults(func=_cmd_sandbox_serve)
+    build = sbs.add_parser("build", help="chunk the documents and build every index (embeddings are cached)")
+    build.add_argument("--data", default=None)
+    build.add_argument("--write-seed", action="store_true",
+                       help="also write the chunk embeddings to <data>/cache (shipped so a fresh clone starts fast)")
+    build.set_defaults(func=_cmd_sandbox_build)
     vers = sbs.add_parser("versions", help="list the system versions")
     vers.add_argument("--data", default=None)
     vers.set_defaults(func=_cmd_sandbox_versions)

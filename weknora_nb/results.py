@@ -33,16 +33,16 @@ import pyarrow.parquet as pq
 from .errors import Problem, ResultsError
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
-           "read_trec_run", "write_trec_run", "validate_results", "empty_results"]
+           "read_trec_run", "write_trec_run", "validate_results", "empty_results", "expand_sub_chunks"]
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("query_id", "stage", "repeat", "rank", "chunk_id", "score")
 OPTIONAL_COLUMNS = ("knowledge_id", "chunk_index", "match_type", "latency_ms", "status", "error",
-                    "sub_chunk_ids")
+                    "sub_chunk_ids", "base_score", "model_score")
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
-_FLOATS = ("score", "latency_ms")
+_FLOATS = ("score", "latency_ms", "base_score", "model_score")
 #: categorical on read: few distinct values, many rows
 _CATEGORIES = ("query_id", "stage", "chunk_id", "status", "knowledge_id")
 MAX_PROBLEMS = 200
@@ -143,9 +143,9 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
     def blank(c: str) -> np.ndarray:
         s = df[c]
         if isinstance(s.dtype, pd.CategoricalDtype):
-            cats_blank = np.asarray([not str(x).strip() for x in s.cat.categories], dtype=bool)
+            cats_blank = np.asarray([not str(x).strip() for x in s.cat.categories] + [True], dtype=bool)
             codes = s.cat.codes.to_numpy()
-            return (codes < 0) | (cats_blank[np.maximum(codes, 0)] & (codes >= 0))
+            return cats_blank[np.where(codes < 0, len(cats_blank) - 1, codes)]
         return (s.isna() | (s.astype("string").str.strip() == "")).to_numpy(dtype=bool)
 
     for c in ("query_id", "stage"):
@@ -275,3 +275,44 @@ def write_trec_run(df: pd.DataFrame, path: str | Path, *, stage: str | None = No
         for i in range(n):
             fh.write(f"{qid[i]} Q0 {cid[i]} {rank[i]} {score[i]:.6f} {name}\n")
     return n
+
+
+def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Unfold merged results: each absorbed chunk id (``sub_chunk_ids``, a JSON list) is placed
+    right after its result, and ranks are renumbered 1..n within each request.
+
+    WeKnora's merge step folds neighbouring chunks into one result whose content the user
+    (and the LLM) sees; unfolding credits those chunks at the positions they occupy.
+    Returns the new table and the number of chunks unfolded.
+    """
+    if "sub_chunk_ids" not in df.columns or not df["sub_chunk_ids"].notna().any():
+        return df, 0
+    import json
+
+    subs = df["sub_chunk_ids"].astype("string")
+    has = subs.notna() & (subs != "") & (subs != "[]")
+    if not has.any():
+        return df, 0
+    base = df.copy()
+    for c in base.columns:
+        if isinstance(base[c].dtype, pd.CategoricalDtype):
+            base[c] = base[c].astype("string")
+    base["_sub"] = 0
+    extra = base[has.to_numpy()].copy()
+    extra["_ids"] = [json.loads(x) for x in subs[has]]
+    extra = extra.explode("_ids")
+    extra = extra[extra["_ids"].notna()]
+    n = len(extra)
+    extra["chunk_id"] = extra["_ids"].astype("string")
+    extra["_sub"] = extra.groupby(level=0).cumcount() + 1
+    for c in ("chunk_index", "knowledge_id", "score", "base_score", "model_score", "match_type"):
+        if c in extra.columns:
+            extra[c] = None
+    extra = extra.drop(columns="_ids")
+    out = pd.concat([base, extra.astype(base.dtypes.to_dict())], ignore_index=True)
+    out = out.sort_values(["query_id", "stage", "repeat", "rank", "_sub"], kind="stable", na_position="last")
+    has_chunk = out["chunk_id"].notna()
+    keys = [out["query_id"], out["stage"], out["repeat"]]
+    new_rank = out[has_chunk].groupby(keys, sort=False, observed=True).cumcount() + 1
+    out["rank"] = pd.array(pd.Series(pd.NA, index=out.index, dtype="Int64").mask(has_chunk, new_rank), dtype="Int64")
+    return out.drop(columns="_sub").reset_index(drop=True), n

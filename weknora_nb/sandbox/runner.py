@@ -71,11 +71,15 @@ def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | N
                 from tqdm.auto import tqdm
 
                 if model not in bars:
-                    bars[model] = tqdm(total=total, desc=f"embedding chunks ({model})", unit="chunk")
+                    if done >= total:  # everything came from the cache: no bar
+                        return
+                    bars[model] = tqdm(total=total, initial=done, desc=f"embedding chunks ({model})", unit="chunk")
                 bars[model].update(done - bars[model].n)
                 if done >= total:
                     bars[model].close()
-            _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, progress=progress)
+            seed = d / "cache"
+            _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
+                                         progress=progress)
         return _INDEXES[key]
 
 

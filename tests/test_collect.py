@@ -1,0 +1,232 @@
+"""Collection over real HTTP against the sandbox: faults, resume after SIGKILL, no key on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from weknora_nb import read_results, score
+from weknora_nb.client import AuthFailed, ClientSettings
+from weknora_nb.collect import RunExistsError, collect, read_checkpoint
+from weknora_nb.sandbox import SandboxServer
+from weknora_nb.testset import TestSet
+
+MINI = Path(__file__).parent / "fixtures" / "mini_kb"
+KEY = "sk-collect-test-5f2e9a7c1d"
+QUERIES = ["忘记管理员密码怎么办", "账号锁定多久", "密码最短几位", "VPN 连接失败 ZL-201", "ZeroLink 在哪里下载",
+           "管理 API 限流多少", "熔断多久恢复", "rate-limiting 插件怎么配", "DG-1009 是什么", "DG-3007 熔断"]
+
+
+@pytest.fixture(scope="module")
+def testset():
+    return TestSet.from_records([{"query_id": f"m{i:02d}", "query": q, "relevant": {"guide.01-passwords:000": 1}}
+                                 for i, q in enumerate(QUERIES)] +
+                                [{"query_id": "m99", "query": "健身补贴", "relevant": {}}])
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    with SandboxServer("rerank", data_dir=MINI, cache_dir=cache, api_key=KEY, allow_fault_control=True) as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def key_in_env(monkeypatch, sandbox):
+    monkeypatch.setenv("WEKNORA_API_KEY", KEY)
+    sandbox.set_faults()
+    yield
+    sandbox.set_faults()
+
+
+def fast(base_url, **kw):
+    return ClientSettings(base_url, backoff_base_s=0.01, backoff_max_s=0.05, max_attempts=kw.pop("max_attempts", 3),
+                          timeout_s=kw.pop("timeout_s", 5), **kw)
+
+
+def keys_of(df):
+    return df.groupby(["query_id", "stage", "repeat"], observed=True).size()
+
+
+def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
+    out = tmp_path / "run"
+    s = collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="vector,keyword,hybrid,final,citations",
+                repeats=3, concurrency=4, warmup=2, progress=False, system={"chunking": "markdown headings"})
+    assert s.complete and s.n_requests == 11 * 5 * 3
+    df = read_results(out / "results.parquet")
+    req = df.drop_duplicates(["query_id", "stage", "repeat"])
+    assert len(req) == 11 * 5 * 3 and set(df["status"]) == {"ok"}
+    assert (df.dropna(subset=["chunk_id"]).groupby(["query_id", "stage", "repeat"])["rank"]
+            .apply(lambda r: list(r) == list(range(1, len(r) + 1))).all())
+    assert df["latency_ms"].notna().all() and (df["latency_ms"] > 0).all()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["counts"]["final"] == {"ok": 33}
+    assert m["testset"]["hash"] == testset.hash and m["system"] == {"chunking": "markdown headings"}
+    assert m["retrieval_config"]["rerank_top_k"] == 5
+    assert m["stages"]["hybrid"]["params"]["skip_context_enrichment"] is True
+    inv = pd.read_parquet(out / "chunks.parquet")
+    assert len(inv) == 8 and inv["content"].str.len().min() > 10
+    answers = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 33 and all(a["citations"] for a in answers)
+    # final results expose the reranker's scores
+    fin = df[df["stage"] == "final"]
+    assert fin["model_score"].notna().all() and fin["base_score"].notna().all()
+    sc = score(testset, df)
+    assert sc.counts["n_invalid"] == 1 and sc.complete
+
+
+@pytest.mark.parametrize("faults, kind", [
+    ({"error_rate": 1.0}, "server"),
+    ({"rate_limit_rate": 1.0, "retry_after_s": 0.05}, "rate_limited"),
+    ({"malformed_rate": 1.0}, "protocol"),
+    ({"hang_rate": 1.0, "hang_s": 3}, "timeout"),
+])
+def test_each_fault_is_recorded_as_its_kind(tmp_path, sandbox, testset, faults, kind):
+    sandbox.set_faults(**faults)
+    out = tmp_path / "run"
+    s = collect(fast(sandbox.base_url, timeout_s=0.3, max_attempts=2), sandbox.kb_id, testset, out,
+                stages="hybrid,final", repeats=1, concurrency=8, warmup=0, progress=False, inventory=False)
+    assert not s.complete
+    df = read_results(out / "results.parquet")
+    assert len(df) == 22 and set(df["status"]) == {kind} and df["chunk_id"].isna().all()
+    sc = score(testset, df)
+    assert sc.counts["failed_by_kind"] == {kind: 22} and sc.per_query.empty  # the invalid query failed too
+    assert json.loads((out / "manifest.json").read_text())["status"] == "incomplete"
+    # resume without faults and with retry_failed: every request now ok, none duplicated
+    sandbox.set_faults()
+    s2 = collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="hybrid,final", repeats=1,
+                 warmup=0, progress=False, inventory=False, resume=True, retry_failed=True)
+    assert s2.complete and s2.n_requests == 22 and s2.n_skipped == 0
+    df2 = read_results(out / "results.parquet")
+    assert set(df2["status"]) == {"ok"} and keys_of(df2.drop_duplicates(["query_id", "stage", "repeat"])).max() == 1
+
+
+def test_429_honours_retry_after(tmp_path, sandbox, testset):
+    sandbox.set_faults(rate_limit_rate=1.0, retry_after_s=0.4)
+    t = time.perf_counter()
+    collect(fast(sandbox.base_url, max_attempts=2), sandbox.kb_id, testset.subset(["m00"]), tmp_path / "r",
+            stages="final", repeats=1, warmup=0, progress=False, inventory=False)
+    assert time.perf_counter() - t >= 0.4
+
+
+def test_mixed_faults_every_request_exactly_once(tmp_path, sandbox, testset):
+    sandbox.set_faults(error_rate=0.3, rate_limit_rate=0.1, retry_after_s=0.01, malformed_rate=0.1,
+                       stream_cut_rate=0.3, seed=11)
+    out = tmp_path / "run"
+    s = collect(fast(sandbox.base_url, max_attempts=2), sandbox.kb_id, testset, out,
+                stages="vector,final,citations", repeats=2, concurrency=6, warmup=0, progress=False, inventory=False)
+    df = read_results(out / "results.parquet")
+    per_req = df.drop_duplicates(["query_id", "stage", "repeat"])
+    assert len(per_req) == 11 * 3 * 2
+    assert set(per_req["status"]) <= {"ok", "server", "rate_limited", "protocol"}
+    assert "protocol" in set(per_req.loc[per_req["stage"] == "citations", "status"])  # cut streams
+    failed = per_req[per_req["status"] != "ok"]
+    assert len(failed) == len(s.failed) > 0
+    assert len(read_checkpoint(out / "checkpoint.jsonl")) == 66
+
+
+def test_no_retry_on_other_4xx(tmp_path, sandbox, testset, monkeypatch):
+    monkeypatch.setenv("WEKNORA_API_KEY", "sk-wrong")
+    s = collect(fast(sandbox.base_url), sandbox.kb_id, testset.subset(["m00"]), tmp_path / "r", stages="final",
+                repeats=1, warmup=0, progress=False, inventory=False)
+    assert [f["status"] for f in s.failed] == ["auth"]
+    monkeypatch.delenv("WEKNORA_API_KEY")
+    with pytest.raises(AuthFailed, match="WEKNORA_API_KEY"):
+        collect(fast(sandbox.base_url), sandbox.kb_id, testset, tmp_path / "r2", progress=False)
+
+
+def test_existing_run_is_not_overwritten(tmp_path, sandbox, testset):
+    out = tmp_path / "run"
+    collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="final", repeats=1, warmup=0,
+            progress=False, inventory=False)
+    with pytest.raises(RunExistsError, match="--resume"):
+        collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="final", repeats=1, progress=False)
+    with pytest.raises(RunExistsError, match="changed: stages"):
+        collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="hybrid", repeats=1, resume=True,
+                progress=False)
+    s = collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="final", repeats=1, resume=True,
+                progress=False, inventory=False)
+    assert s.n_requests == 0 and s.n_skipped == 11
+
+
+def test_torn_checkpoint_tail_is_dropped(tmp_path):
+    p = tmp_path / "checkpoint.jsonl"
+    good = json.dumps({"query_id": "a", "stage": "final", "repeat": 1, "status": "ok", "rows": []})
+    p.write_text(good + "\n" + good.replace('"a"', '"b"')[:25])
+    recs = read_checkpoint(p)
+    assert list(recs) == [("a", "final", 1)]
+    assert p.read_text() == good + "\n"
+
+
+def run_cli(args, env):
+    return subprocess.Popen([sys.executable, "-m", "weknora_nb", "collect", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, testset):
+    sandbox.set_faults(latency_ms=40)
+    ts_path = tmp_path / "t.jsonl"
+    testset.to_jsonl(ts_path)
+    env = {**os.environ, "WEKNORA_API_KEY": KEY}
+    common = ["--base-url", sandbox.base_url, "--kb-id", sandbox.kb_id, "--testset", str(ts_path), "--stages",
+              "vector,keyword,hybrid,final", "--repeats", "3", "--concurrency", "3", "--warmup", "0", "--quiet"]
+    killed = tmp_path / "killed"
+    proc = run_cli(common + ["--out", str(killed)], env)
+    ckpt = killed / "checkpoint.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if ckpt.exists() and ckpt.read_text().count("\n") >= 30:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    n_before = len(read_checkpoint(ckpt))
+    assert 30 <= n_before < 132
+    assert not (killed / "results.parquet").exists()
+    resumed = run_cli(common + ["--out", str(killed), "--resume"], env)
+    assert resumed.wait(timeout=120) == 0, resumed.stderr.read()
+    full = run_cli(common + ["--out", str(tmp_path / "full")], env)
+    assert full.wait(timeout=120) == 0
+    a = read_results(killed / "results.parquet")
+    b = read_results(tmp_path / "full" / "results.parquet")
+    cols = ["query_id", "stage", "repeat", "rank", "chunk_id", "score", "status"]
+    pd.testing.assert_frame_equal(a[cols].reset_index(drop=True), b[cols].reset_index(drop=True))
+    assert a.duplicated(["query_id", "stage", "repeat", "rank"]).sum() == 0
+    assert len(read_checkpoint(ckpt)) == 132
+    m = json.loads((killed / "manifest.json").read_text())
+    assert m["status"] == "complete" and len(m["resumed_at"]) == 1
+
+
+def test_the_api_key_is_written_nowhere(tmp_path, sandbox, testset):
+    sandbox.set_faults(error_rate=0.2, seed=1)
+    out = tmp_path / "run"
+    collect(fast(sandbox.base_url, max_attempts=1), sandbox.kb_id, testset, out,
+            stages="vector,final,citations", repeats=1, warmup=1, progress=False,
+            system={"note": "system description"})
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"manifest.json", "checkpoint.jsonl", "results.parquet", "chunks.parquet"}
+    for p in files:
+        assert KEY.encode() not in p.read_bytes(), p
+
+
+def test_cli_exit_codes(tmp_path, sandbox, testset):
+    ts_path = tmp_path / "t.jsonl"
+    testset.to_jsonl(ts_path)
+    env = {**os.environ, "WEKNORA_API_KEY": KEY}
+    args = ["--base-url", sandbox.base_url, "--kb-id", sandbox.kb_id, "--testset", str(ts_path), "--stages",
+            "final", "--repeats", "1", "--warmup", "0", "--quiet", "--max-attempts", "1"]
+    ok = run_cli(args + ["--out", str(tmp_path / "a")], env)
+    assert ok.wait(timeout=60) == 0 and "final" in ok.stdout.read()
+    sandbox.set_faults(error_rate=1.0)
+    bad = run_cli(args + ["--out", str(tmp_path / "b")], env)
+    assert bad.wait(timeout=60) == 1 and "INCOMPLETE" in bad.stdout.read()
+    again = run_cli(args + ["--out", str(tmp_path / "b")], env)
+    assert again.wait(timeout=60) == 2 and "--resume" in again.stderr.read()
