@@ -29,7 +29,7 @@ import platform
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -233,7 +233,8 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     manifest = {**base, "status": "running", "started_at": (previous or {}).get("started_at") or _now(),
                 "resumed_at": [*(previous or {}).get("resumed_at", []), _now()] if previous else []}
 
-    async with WeKnoraClient(settings) as client:
+    # one pooled connection per request in flight (a larger httpx pool only costs bookkeeping)
+    async with WeKnoraClient(replace(settings, max_connections=concurrency)) as client:
         try:
             manifest["retrieval_config"] = await client.retrieval_config()
         except WeKnoraError as exc:
