@@ -26,7 +26,8 @@ from pathlib import Path
 
 from weknora_nb import score
 from weknora_nb.client import ClientSettings
-from weknora_nb.collect import collect_async, load_run
+from weknora_nb.collect import collect_async
+from weknora_nb.results import read_results
 from weknora_nb.sandbox import SandboxServer, demo_dir
 from weknora_nb.testset import load_testset
 
@@ -83,7 +84,7 @@ def main() -> None:
                 if version == "rerank":
                     lines.append(f"- serving the full test set once ({len(ts)} queries) at stage final of "
                                  f"'rerank', 8 in flight: {secs:.1f} s")
-                runs[version] = score(ts, load_run(out)[1], ["recall@10", "ndcg@5", "hit@5", "mrr@20"])
+                runs[version] = score(ts, read_results(out / "results.parquet"), ["recall@10", "ndcg@5", "hit@5", "mrr@20"])
     base, rr = runs["baseline"].summary_wide(), runs["rerank"].summary_wide()
     table = ["| stage | recall@10 | ndcg@5 | hit@5 | mrr@20 |", "|---|---|---|---|---|"]
     for stage in ("vector", "keyword", "hybrid", "final"):

@@ -61,6 +61,20 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     return 0 if summary.complete else 1
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from .compare import NotComparableError
+    from .gate import gate, parse_bounds
+
+    try:
+        result = gate(args.run, baseline=args.baseline, stage=args.stage, minimums=parse_bounds(args.min),
+                      max_drops=parse_bounds(args.max_drop), allow_incomplete=args.allow_incomplete)
+    except (ValueError, NotComparableError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.describe())
+    return 0 if result.passed else 1
+
+
 def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -155,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-inventory", action="store_true", help="do not fetch the chunk listing")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_collect)
+
+    g = sub.add_parser("gate", help="exit 1 when a run breaks quality bounds (for CI)")
+    g.add_argument("--run", required=True, help="run folder to check")
+    g.add_argument("--baseline", default=None, help="run folder to compare with (same test set)")
+    g.add_argument("--stage", default=None, help="stage (default: final when the run has it, else its only stage)")
+    g.add_argument("--min", action="append", default=[], metavar="METRIC=VALUE", help="minimum mean, repeatable")
+    g.add_argument("--max-drop", action="append", default=[], metavar="METRIC=VALUE",
+                   help="largest allowed drop from the baseline, repeatable")
+    g.add_argument("--allow-incomplete", action="store_true", help="do not fail on failed or missing requests")
+    g.set_defaults(func=_cmd_gate)
 
     sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)

@@ -44,7 +44,7 @@ from .results import write_results
 from .stages import Stage, resolve_stages
 from .testset import TestSet, load_testset
 
-__all__ = ["collect", "collect_async", "RunSummary", "RunExistsError", "read_checkpoint", "load_run",
+__all__ = ["collect", "collect_async", "RunSummary", "RunExistsError", "read_checkpoint", "iter_runs",
            "MANIFEST", "RESULTS", "CHUNKS"]
 
 log = logging.getLogger(__name__)
@@ -414,16 +414,6 @@ def collect(*args: Any, **kwargs: Any) -> RunSummary:
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-def load_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
-    """The manifest and the results table of a run folder."""
-    from .results import read_results
-
-    d = Path(run_dir)
-    if not (d / MANIFEST).exists():
-        raise FileNotFoundError(f"{d} is not a run folder (no {MANIFEST})")
-    return json.loads((d / MANIFEST).read_text(encoding="utf-8")), read_results(d / RESULTS)
 
 
 def iter_runs(root: str | Path) -> Iterable[Path]:

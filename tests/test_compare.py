@@ -1,0 +1,205 @@
+"""Version comparison, history, stratification and the regression gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from weknora_nb import write_results
+from weknora_nb.client import ClientSettings
+from weknora_nb.collect import collect
+from weknora_nb.compare import NotComparableError, compare_runs, config_diff, history, load_run
+from weknora_nb.gate import gate, parse_bounds
+from weknora_nb.sandbox import SandboxServer, demo_dir
+from weknora_nb.stratify import classify, load_rules, stratify
+from weknora_nb.testset import TestSet
+
+from .conftest import ranked, results_frame
+
+N = 240
+
+
+def make_testset(tmp: Path, n: int = N) -> Path:
+    recs = [{"query_id": f"q{i:03d}", "query": ["如何重置密码", "DG-1003 是什么错误", "为什么同步慢", "默认端口是多少"][i % 4],
+             "relevant": {f"c{i}a": 3, f"c{i}b": 1}, "query_type": ["procedural", "technical"][i % 2],
+             "tags": ["frequent"] if i % 3 else ["vague", "long-tail"]} for i in range(n)]
+    recs.append({"query_id": "zz", "query": "无答案", "relevant": {}})
+    path = tmp / "t.jsonl"
+    TestSet.from_records(recs).to_jsonl(path)
+    return path
+
+
+def make_run(tmp: Path, name: str, ts_path: Path, hit_rate: float, seed: int, system: dict,
+             latency: float = 50.0) -> Path:
+    """A run folder where query i finds its grade-3 chunk first with probability hit_rate."""
+    rng = np.random.default_rng(seed)
+    ts = TestSet.from_records([json.loads(x) for x in ts_path.read_text().splitlines()])
+    rows = []
+    for qid in ts.queries["query_id"]:
+        i = qid[1:]
+        chunks = [f"c{i}a", "x1", f"c{i}b"] if rng.random() < hit_rate else ["x1", "x2", "x3", f"c{i}b"]
+        rows += ranked(qid, chunks)
+    df = results_frame(rows)
+    df["latency_ms"] = latency + rng.random(len(df))
+    d = tmp / name
+    d.mkdir()
+    write_results(df, d / "results.parquet")
+    (d / "manifest.json").write_text(json.dumps({
+        "run_name": name, "started_at": f"2026-11-0{seed}T00:00:00+00:00",
+        "testset": {"path": str(ts_path), "hash": ts.hash}, "system": system,
+        "retrieval_config": {"rerank_top_k": 10}, "stages": {"final": {"endpoint": "knowledge-search"}}}))
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    ts = make_testset(tmp_path)
+    base = {"hnsw": {"m": 16, "ef_search": 64}, "rerank": {"enabled": False}, "description": "base"}
+    a = make_run(tmp_path, "a", ts, 0.5, 1, base)
+    b = make_run(tmp_path, "b", ts, 0.8, 2, {**base, "rerank": {"enabled": True}, "description": "with rerank"},
+                 latency=120)
+    c = make_run(tmp_path, "c", ts, 0.5, 3, {**base, "hnsw": {"m": 4, "ef_search": 8}})
+    same = make_run(tmp_path, "same", ts, 0.5, 4, base)
+    return tmp_path, ts, a, b, c, same
+
+
+def test_comparison_detects_a_clear_improvement(runs):
+    tmp, ts, a, b, c, same = runs
+    cmp = compare_runs([a, b], resamples=2000)
+    row = cmp.metrics.set_index("metric").loc["ndcg@5"]
+    assert row["delta"] > 0.1 and row["ci_low"] > 0 and row["p_holm"] < 0.01
+    assert row["wins"] > row["losses"] and row["n_queries"] == N
+    assert "better" in cmp.recommendation and "p95" in cmp.recommendation
+    assert cmp.latency.set_index("run").loc["b", "delta_p50_ms"] == pytest.approx(70, abs=2)
+    assert cmp.single_variable == {"b": True}
+    assert set(cmp.per_query.columns) >= {"query_id", "ndcg@5_a", "ndcg@5_b"}
+
+
+def test_comparison_of_equivalent_versions_is_honest(runs):
+    tmp, ts, a, b, c, same = runs
+    cmp = compare_runs([a, same], resamples=2000)
+    row = cmp.metrics.set_index("metric").loc["ndcg@5"]
+    assert row["ci_low"] <= 0 <= row["ci_high"] or row["p_holm"] >= 0.05
+    assert "not statistically significant" in cmp.recommendation
+
+
+def test_more_than_one_variable_is_warned(runs):
+    tmp, ts, a, b, c, same = runs
+    cmp = compare_runs([a, c], resamples=500)
+    assert cmp.single_variable == {"c": False}
+    assert any("2 variables" in w for w in cmp.warnings)
+    diff = config_diff([load_run(a).manifest, load_run(c).manifest], ["a", "c"])
+    assert set(diff["key"]) == {"system.hnsw.m", "system.hnsw.ef_search"}
+
+
+def test_different_test_sets_are_refused(runs, tmp_path):
+    tmp, ts, a, b, c, same = runs
+    other = tmp / "other"
+    other.mkdir()
+    ts2 = make_testset(other, n=10)
+    d = make_run(other, "d", ts2, 0.5, 5, {})
+    with pytest.raises(NotComparableError, match="different test sets"):
+        compare_runs([a, d])
+    # a test set edited after the run was collected is refused too
+    m = json.loads((a / "manifest.json").read_text())
+    m["testset"]["hash"] = "sha256:" + "0" * 64
+    (a / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(NotComparableError, match="not the one"):
+        load_run(a)
+
+
+def test_history_lists_every_run(runs):
+    tmp, *_ = runs
+    h = history(tmp, metrics=["ndcg@5"])
+    assert list(h["run"]) == ["a", "b", "c", "same"] and h["ndcg@5"].between(0, 1).all()
+
+
+def test_stratify_groups_with_sizes_and_intervals(runs):
+    tmp, ts_path, a, *_ = runs
+    run = load_run(a)
+    table = stratify(run.scores, run.testset, stage="final", metrics=["ndcg@5"], resamples=300)
+    qt = table[(table["dimension"] == "query_type")].set_index("group")
+    assert qt.loc["procedural", "n"] == 120 and qt.loc["technical", "n"] == 120
+    tags = table[table["dimension"] == "tag"].set_index("group")
+    assert tags.loc["frequent", "n"] == 160 and tags.loc["vague", "n"] == 80 and tags.loc["long-tail", "n"] == 80
+    assert (table["ci_low"] <= table["mean"]).all() and (table["mean"] <= table["ci_high"]).all()
+    rt = table[table["dimension"] == "rule_type"].set_index("group")
+    assert rt.loc["technical", "n"] == 60 and rt.loc["procedural", "n"] == 60
+    assert rt.loc["conceptual", "n"] == 60 and rt.loc["factual", "n"] == 60
+    small = stratify(run.scores, run.testset.subset([f"q{i:03d}" for i in range(20)]), stage="final",
+                     metrics=["ndcg@5"], resamples=100)
+    assert small["warning"].notna().all()
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("如何重置管理员密码", "procedural"), ("How do I rotate keys?", "procedural"),
+    ("为什么同步会变慢", "conceptual"), ("Why is my token rejected?", "conceptual"),
+    ("DG-1003 是什么错误", "technical"), ("rate_limit.fail_open 默认值", "technical"),
+    ("What does HTTP 429 mean", "technical"), ("年假有几天", "factual"), ("Which port does the console use", "factual"),
+])
+def test_rule_based_types_work_in_chinese_and_english(text, kind):
+    assert classify([text]) == [kind]
+
+
+def test_rules_are_an_editable_file(tmp_path):
+    f = tmp_path / "rules.yaml"
+    f.write_text("order: [billing]\ndefault: other\ntypes:\n  billing: ['报销', 'invoice']\n", encoding="utf-8")
+    rules = load_rules(f)
+    assert classify(["差旅报销流程", "how to fix"], rules) == ["billing", "other"]
+    f.write_text("order: [x]\ntypes: {}\n")
+    with pytest.raises(ValueError, match="without patterns"):
+        load_rules(f)
+
+
+def test_gate_function_and_cli(runs):
+    tmp, ts, a, b, c, same = runs
+    ok = gate(b, baseline=a, minimums=parse_bounds(["ndcg@5=0.4"]), max_drops=parse_bounds(["ndcg@5=0.02"]))
+    assert ok.passed and ok.stage == "final"
+    bad = gate(a, baseline=b, minimums={"ndcg@5": 0.95}, max_drops={"ndcg@5": 0.02})
+    assert not bad.passed and list(bad.table["passed"]) == [False, False, True]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "weknora_nb", "gate", *args], capture_output=True, text=True)
+    p = cli("--run", str(b), "--baseline", str(a), "--min", "ndcg@5=0.4", "--max-drop", "ndcg@5=0.02")
+    assert p.returncode == 0 and "gate passed" in p.stdout
+    p = cli("--run", str(a), "--min", "ndcg@5=0.95", "--min", "hit@5=0.9")
+    assert p.returncode == 1 and "FAIL" in p.stdout and "gate FAILED" in p.stdout
+    assert cli("--run", str(a), "--min", "ndcg@x=1").returncode == 2
+    assert cli("--run", str(tmp / "nope"), "--min", "ndcg@5=0.5").returncode == 2
+    assert cli("--run", str(a), "--max-drop", "ndcg@5=0.02").returncode == 2  # needs --baseline
+    assert cli("--run", str(a), "--min", "ndcg@5=0.1", "--stage", "vector").returncode == 2
+
+
+@pytest.fixture(scope="module")
+def sandbox_runs(tmp_path_factory):
+    """The demo test set collected at stage final for the three sandbox versions (one repeat)."""
+    tmp = tmp_path_factory.mktemp("versions")
+    os.environ.setdefault("WEKNORA_API_KEY", "sk-compare-test")
+    out = {}
+    for v in ("baseline", "rerank", "hnsw-m4"):
+        with SandboxServer(v) as sb:
+            collect(ClientSettings(sb.base_url), sb.kb_id, demo_dir() / "testset.jsonl", tmp / v,
+                    stages="vector,final", repeats=1, warmup=0, progress=False, inventory=False,
+                    system=sb.describe())
+        out[v] = tmp / v
+    return out
+
+
+def test_sandbox_rerank_gain_is_detected_with_its_interval(sandbox_runs):
+    cmp = compare_runs([sandbox_runs["baseline"], sandbox_runs["rerank"]], resamples=2000)
+    row = cmp.metrics.set_index("metric").loc["ndcg@5"]
+    assert row["delta"] > 0.05 and row["ci_low"] > 0 and row["p_holm"] < 0.01
+    assert cmp.single_variable == {"rerank": True}
+
+
+def test_sandbox_single_parameter_version_is_flagged_single_variable(sandbox_runs):
+    cmp = compare_runs([sandbox_runs["baseline"], sandbox_runs["hnsw-m4"]], stage="vector", resamples=500)
+    assert cmp.single_variable == {"hnsw-m4": True}
+    keys = set(cmp.config_diff.loc[cmp.config_diff["counts"], "key"])
+    assert "system.hnsw.m" in keys

@@ -1,0 +1,305 @@
+"""Compare runs of different system versions on the same test set (METHOD.md section 7).
+
+::
+
+    cmp = compare_runs(["outputs/runs/baseline", "outputs/runs/rerank"])
+    cmp.metrics        # per metric: both means, delta, 95 % paired-bootstrap CI, p (Holm), wins/ties/losses
+    cmp.config_diff    # which configuration keys differ
+    cmp.latency        # p50 / p95 / p99 per run and deltas
+    cmp.recommendation # the decision rules in words
+
+Runs are comparable only on the same test set (same content hash); anything else is
+refused. The first run is the baseline; each other run is compared with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from .collect import MANIFEST, RESULTS, iter_runs
+from .errors import WeknoraNbError
+from .metrics import parse_metrics
+from .results import read_results
+from .scoring import Scores, score
+from .stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test, significance_warning
+from .testset import TestSet, load_testset
+
+__all__ = ["Run", "load_run", "Comparison", "compare_runs", "config_diff", "history", "NotComparableError",
+           "latency_table", "recommend"]
+
+#: configuration keys that name or describe a version rather than configure it
+_IGNORED_KEYS = ("description", "version", "name", "faults")
+
+
+class NotComparableError(WeknoraNbError):
+    """The runs were not made on the same test set (or lack what a comparison needs)."""
+
+
+@dataclass
+class Run:
+    """A run folder, loaded: manifest, results table, its test set and its scores."""
+
+    path: Path
+    manifest: dict[str, Any]
+    results: pd.DataFrame
+    testset: TestSet
+    scores: Scores
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("run_name") or self.path.name)
+
+    @property
+    def stages(self) -> list[str]:
+        return self.scores.stages
+
+
+def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
+             metrics: Iterable[str] | None = None) -> Run:
+    """Load a run folder and score it against its test set (from the manifest unless given).
+
+    The test set's hash must match the one the run recorded.
+    """
+    p = Path(path)
+    mpath = p / MANIFEST
+    if not mpath.exists():
+        raise FileNotFoundError(f"{p} is not a run folder (no {MANIFEST})")
+    manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    if testset is None:
+        tpath = (manifest.get("testset") or {}).get("path")
+        if not tpath:
+            raise NotComparableError(f"{mpath} records no test-set path; pass testset=")
+        testset = tpath
+    ts = testset if isinstance(testset, TestSet) else load_testset(testset)
+    recorded = (manifest.get("testset") or {}).get("hash")
+    if recorded and recorded != ts.hash:
+        raise NotComparableError(f"{p}: the test set given ({ts.hash[:19]}...) is not the one this run was "
+                                 f"collected with ({recorded[:19]}...)")
+    results = read_results(p / RESULTS)
+    return Run(p, manifest, results, ts, score(ts, results, metrics, source=str(p / RESULTS)))
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def config_diff(manifests: list[dict[str, Any]], names: list[str]) -> pd.DataFrame:
+    """Configuration keys (system description, retrieval config, stages) that differ between runs.
+
+    Columns: ``key``, one per run, ``counts`` (False for keys that only name or describe a version).
+    """
+    flats = []
+    for m in manifests:
+        flats.append(_flatten({"system": m.get("system") or {}, "retrieval_config": m.get("retrieval_config") or {},
+                               "stages": m.get("stages") or {}}))
+    keys = sorted(set().union(*flats))
+    rows = []
+    for k in keys:
+        vals = [f.get(k) for f in flats]
+        if any(json.dumps(v, sort_keys=True, default=str) != json.dumps(vals[0], sort_keys=True, default=str)
+               for v in vals[1:]):
+            last = k.split(".")[-1]
+            rows.append({"key": k, **dict(zip(names, vals)),
+                         "counts": not (last in _IGNORED_KEYS or k.split(".")[1:2] == ["faults"])})
+    return pd.DataFrame(rows, columns=["key", *names, "counts"])
+
+
+def _variables(diff: pd.DataFrame) -> list[str]:
+    """The changed configuration variables.
+
+    The user's system description is the record of the configuration; the retrieval config
+    read from the server is a partial view of the same settings, so it is only used when
+    no system description differs. Stage definitions always count.
+    """
+    keys = diff.loc[diff["counts"], "key"].tolist() if len(diff) else []
+    system = [k for k in keys if k.startswith("system.")]
+    stages = [k for k in keys if k.startswith("stages.")]
+    server = [k for k in keys if k.startswith("retrieval_config.")]
+    return sorted(set((system or server) + stages))
+
+
+def latency_table(runs: list[Run], stage: str) -> pd.DataFrame:
+    """Latency p50 / p95 / p99 (ms) of successful requests at ``stage``, per run, and deltas to the first."""
+    rows = []
+    for r in runs:
+        req = r.scores.requests
+        lat = req.loc[(req["stage"] == stage) & (req["status"] == "ok"), "latency_ms"].dropna().to_numpy()
+        q = np.percentile(lat, [50, 95, 99]) if len(lat) else [np.nan] * 3
+        rows.append({"run": r.name, "n": len(lat), "p50_ms": q[0], "p95_ms": q[1], "p99_ms": q[2]})
+    df = pd.DataFrame(rows)
+    for c in ("p50_ms", "p95_ms", "p99_ms"):
+        df[f"delta_{c}"] = df[c] - df[c].iloc[0]
+    return df
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare_runs` found."""
+
+    runs: list[Run]
+    stage: str
+    metrics: pd.DataFrame
+    config_diff: pd.DataFrame
+    latency: pd.DataFrame
+    per_query: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+    recommendation: str = ""
+
+    @property
+    def single_variable(self) -> dict[str, bool]:
+        """Per compared run: True when exactly one configuration variable differs from the baseline."""
+        out = {}
+        base = self.runs[0]
+        for r in self.runs[1:]:
+            d = config_diff([base.manifest, r.manifest], [base.name, r.name])
+            out[r.name] = len(_variables(d)) == 1
+        return out
+
+
+def compare_runs(paths: list[str | Path] | list[Run], *, stage: str | None = None,
+                 metrics: Iterable[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 latency_budget_ms: float | None = None) -> Comparison:
+    """Compare two or more runs; the first is the baseline.
+
+    Per metric and compared run: both means, ``delta`` (B - A) with a 95 % paired-bootstrap
+    interval over the queries valid and scored in both, the paired randomization-test
+    p-value with Holm's correction across the metrics shown, and wins / ties / losses
+    per query. ``stage`` defaults to ``final`` when every run has it, else the only
+    common stage.
+    """
+    runs = [p if isinstance(p, Run) else load_run(p, metrics=metrics) for p in paths]
+    if len(runs) < 2:
+        raise NotComparableError("a comparison needs at least two runs")
+    hashes = {r.testset.hash for r in runs}
+    if len(hashes) != 1:
+        listing = ", ".join(f"{r.name}: {r.testset.hash[:19]}" for r in runs)
+        raise NotComparableError(f"runs on different test sets cannot be compared ({listing})")
+    common = [s for s in runs[0].stages if all(s in r.stages for r in runs[1:])]
+    if stage is None:
+        stage = "final" if "final" in common else (common[0] if len(common) == 1 else None)
+        if stage is None:
+            raise NotComparableError(f"choose a stage: the runs share {common}")
+    if stage not in common:
+        raise NotComparableError(f"stage {stage!r} is not in every run (common stages: {common})")
+    mets = [m.name for m in parse_metrics(metrics)]
+    base = runs[0]
+    warnings: list[str] = []
+    rows, pq_rows = [], []
+    for other in runs[1:]:
+        a = base.scores.per_query_mean()
+        b = other.scores.per_query_mean()
+        a, b = a[a["stage"] == stage].set_index("query_id"), b[b["stage"] == stage].set_index("query_id")
+        qids = a.index.intersection(b.index)
+        n = len(qids)
+        w = significance_warning(n)
+        if w and w not in warnings:
+            warnings.append(w)
+        A, B = a.loc[qids, mets].to_numpy(), b.loc[qids, mets].to_numpy()
+        lo, hi = paired_bootstrap_ci(A, B, resamples=resamples, seed=seed) if n else (np.full(len(mets), np.nan),) * 2
+        p = randomization_test(A, B, resamples=resamples, seed=seed + 1) if n else np.full(len(mets), np.nan)
+        p_holm = holm(p)
+        d = B - A
+        for j, m in enumerate(mets):
+            rows.append({"run": other.name, "metric": m, "baseline": base.name, "n_queries": n,
+                         "mean_a": A[:, j].mean() if n else np.nan, "mean_b": B[:, j].mean() if n else np.nan,
+                         "delta": d[:, j].mean() if n else np.nan, "ci_low": lo[j], "ci_high": hi[j],
+                         "p_value": p[j], "p_holm": p_holm[j],
+                         "wins": int((d[:, j] > 1e-12).sum()), "ties": int((np.abs(d[:, j]) <= 1e-12).sum()),
+                         "losses": int((d[:, j] < -1e-12).sum())})
+        frame = pd.DataFrame({"query_id": qids, "run": other.name})
+        for j, m in enumerate(mets):
+            frame[f"{m}_a"], frame[f"{m}_b"] = A[:, j], B[:, j]
+        pq_rows.append(frame)
+        diff = config_diff([base.manifest, other.manifest], [base.name, other.name])
+        changed = _variables(diff)
+        if len(changed) > 1:
+            warnings.append(f"{other.name} differs from {base.name} in {len(changed)} variables "
+                            f"({', '.join(changed)}): a difference cannot be attributed to one of them.")
+        if not base.scores.complete or not other.scores.complete:
+            warnings.append(f"{base.name if not base.scores.complete else other.name} is incomplete: failed or "
+                            "missing requests are left out of the comparison.")
+    table = pd.DataFrame(rows)
+    names = [r.name for r in runs]
+    diff_all = config_diff([r.manifest for r in runs], names)
+    lat = latency_table(runs, stage)
+    cmp = Comparison(runs, stage, table, diff_all, lat, pd.concat(pq_rows, ignore_index=True), warnings)
+    cmp.recommendation = recommend(cmp, latency_budget_ms=latency_budget_ms)
+    return cmp
+
+
+def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha: float = 0.05) -> str:
+    """The decision rules of METHOD.md section 7 (from the rerank-impact study), in words."""
+    out = []
+    t = cmp.metrics
+    for run in t["run"].unique() if len(t) else []:
+        r = t[t["run"] == run].set_index("metric")
+        lines = [f"{run} vs {r['baseline'].iloc[0]} (stage {cmp.stage}, {int(r['n_queries'].iloc[0])} queries):"]
+        key = "ndcg@5" if "ndcg@5" in r.index else r.index[0]
+        row = r.loc[key]
+        sig = bool(row["p_holm"] < alpha and not (row["ci_low"] <= 0 <= row["ci_high"]))
+        ci = f"95 % CI [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], p = {row['p_holm']:.3g} after Holm"
+        if not sig:
+            lines.append(f"- {key} changes by {row['delta']:+.3f} ({ci}): not statistically significant. "
+                         "Treat the versions as equivalent on this test set; keep the simpler one, or collect "
+                         "more queries if the difference matters.")
+        else:
+            d = row["delta"]
+            verdict = "better" if d > 0 else "worse"
+            lines.append(f"- {key} is {verdict} by {d:+.3f} ({ci}); wins / ties / losses per query: "
+                         f"{int(row['wins'])} / {int(row['ties'])} / {int(row['losses'])}.")
+            if 0 < d < 0.02:
+                lines.append("- A gain below 0.02 rarely pays for the added complexity.")
+            elif 0 < d < 0.03:
+                lines.append("- A gain below 0.03: skip the reranker and improve the first stage instead.")
+            elif 0.05 <= d <= 0.15:
+                lines.append("- A gain in the +0.05 to +0.15 range that a good cross-encoder reranker typically "
+                             "brings.")
+            elif d > 0.15:
+                lines.append("- A gain above what rerankers typically bring (+0.05 to +0.15): check that the "
+                             "versions differ only as intended.")
+        if "hit@5" in r.index and r.loc["hit@5", "mean_b"] < 0.85:
+            lines.append(f"- Hit@5 is only {r.loc['hit@5', 'mean_b']:.2f}: the first stage misses documents; "
+                         "raise the candidate count or switch to hybrid retrieval before tuning the ranking.")
+        lat = cmp.latency.set_index("run")
+        if run in lat.index and not np.isnan(lat.loc[run, "p95_ms"]):
+            dp95 = lat.loc[run, "delta_p95_ms"]
+            lines.append(f"- Latency p95 {lat.loc[run, 'p95_ms']:.0f} ms ({dp95:+.0f} ms): weigh the gain "
+                         "against this cost.")
+            if latency_budget_ms is not None and lat.loc[run, "p95_ms"] > latency_budget_ms:
+                lines.append(f"- p95 exceeds the latency budget of {latency_budget_ms:.0f} ms.")
+        out.append("\n".join(lines))
+    if cmp.warnings:
+        out.append("Warnings:\n" + "\n".join(f"- {w}" for w in cmp.warnings))
+    return "\n\n".join(out)
+
+
+def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("recall@5", "ndcg@5", "hit@5"),
+            stage: str | None = "final") -> pd.DataFrame:
+    """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage)."""
+    rows = []
+    for p in iter_runs(root):
+        try:
+            run = load_run(p, metrics=metrics)
+        except (WeknoraNbError, FileNotFoundError) as exc:
+            rows.append({"run": p.name, "problem": str(exc)})
+            continue
+        wide = run.scores.summary_wide()
+        for st in wide.index:
+            if stage is not None and st != stage:
+                continue
+            rows.append({"run": run.name, "started_at": run.manifest.get("started_at"),
+                         "testset": run.testset.hash[7:19], "stage": st, "complete": run.scores.complete,
+                         **{m: wide.loc[st, m] for m in wide.columns}})
+    return pd.DataFrame(rows)
