@@ -22,7 +22,7 @@ $(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(BIN)/weknora-nb score data/examples/testset.jsonl data/examples/results.jsonl
+	$(BIN)/weknora-nb demo
 
 test: $(VENV)/.testtools
 	$(BIN)/python -m pytest

@@ -9,6 +9,8 @@ from .tiers import tier
 
 __version__ = "0.1.0"
 
+from . import compare, diagnose, gate, stats, stratify  # noqa: E402  (analysis modules, used as wk.compare...)
+
 __all__ = [
     "DEFAULT_METRICS", "InputError", "MetricError", "Problem", "ResultsError", "Scores", "TestSet",
     "TestSetError", "WeknoraNbError", "load_testset", "load_trec_qrels", "parse_metric", "read_results",

@@ -75,6 +75,32 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import ReportError, render_report
+
+    try:
+        report = render_report(args.run, args.baseline or [], out_root=args.out, no_input=args.no_input)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(report.index)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .report import ReportError
+
+    try:
+        result = run_demo(args.out, repeats=args.repeats, no_input=args.no_input, progress=not args.quiet)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
+    print(f"demo finished ({phases}). Open: {result.index}")
+    return 0
+
+
 def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -179,6 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest allowed drop from the baseline, repeatable")
     g.add_argument("--allow-incomplete", action="store_true", help="do not fail on failed or missing requests")
     g.set_defaults(func=_cmd_gate)
+
+    r = sub.add_parser("report", help="execute the notebooks for a run and write HTML reports")
+    r.add_argument("--run", required=True, help="run folder")
+    r.add_argument("--baseline", action="append", help="run folder to compare with (repeatable)")
+    r.add_argument("--out", default=None, help="reports folder (default: <runs>/../reports)")
+    r.add_argument("--no-input", action="store_true", help="hide code cells in the HTML")
+    r.set_defaults(func=_cmd_report)
+
+    d = sub.add_parser("demo", help="the whole workbench on the embedded sandbox, end to end")
+    d.add_argument("--out", default="outputs", help="output folder (default outputs)")
+    d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--no-input", action="store_true", help="hide code cells in the HTML reports")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=_cmd_demo)
 
     sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)

@@ -59,7 +59,12 @@ class Diagnosis:
             return pd.DataFrame(index=pd.Index(list(CAUSES), name="cause"))
         ex = self.degraded.explode("causes")
         ex = ex[ex["causes"].notna()]
+        from .scoring import PIPELINE
+
         table = pd.crosstab(ex["causes"], ex["stage"]).reindex(list(CAUSES), fill_value=0)
+        stages = sorted(self.degraded["stage"].unique(),
+                        key=lambda s: PIPELINE.index(s) if s in PIPELINE else len(PIPELINE))
+        table = table.reindex(columns=stages, fill_value=0)
         table.index.name = "cause"
         n = self.degraded.groupby("stage").size()
         table.loc["degraded queries"] = n.reindex(table.columns, fill_value=0)

@@ -29,7 +29,10 @@ from .results import expand_sub_chunks
 from .testset import MIN_VALID_QUERIES, TestSet
 from .tiers import tier
 
-__all__ = ["Scores", "score"]
+__all__ = ["Scores", "score", "PIPELINE"]
+
+#: stages in pipeline order (METHOD.md section 5); other stages follow in the order first seen
+PIPELINE = ("vector", "keyword", "hybrid", "final", "citations")
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +423,9 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     excluded = pd.concat([inv, not_scored], ignore_index=True) if len(not_scored) else inv.reset_index(drop=True)
     excluded["repeat"] = excluded["repeat"].astype("Int64")
 
-    stage_order = stages if stages is not None else list(dict.fromkeys(s_uni[r_s])) if n_req else []
+    seen_stages = list(dict.fromkeys(s_uni[r_s])) if n_req else []
+    stage_order = stages if stages is not None else sorted(
+        seen_stages, key=lambda s: (PIPELINE.index(s) if s in PIPELINE else len(PIPELINE), seen_stages.index(s)))
     by_repeat = (per_query.groupby(["stage", "repeat"], sort=False)[metric_cols].mean()
                  .join(per_query.groupby(["stage", "repeat"], sort=False).size().rename("n_scored"))
                  .reset_index())

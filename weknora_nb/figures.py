@@ -1,0 +1,197 @@
+"""Figures for the notebooks (matplotlib), with a font that renders Chinese.
+
+:func:`use_cjk_font` registers WenQuanYi Micro Hei (shipped by the pinned PyPI package
+``paperang-p2-fonts-cjk``) or, failing that, a CJK font already on the system, and warns
+when there is none (Chinese would show as empty boxes).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib import font_manager
+
+from .tables import TIER_COLOURS
+
+__all__ = ["use_cjk_font", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
+           "delta_bars", "paired_scatter", "latency_cdf"]
+
+log = logging.getLogger(__name__)
+_SYSTEM_CJK = ("Noto Sans CJK SC", "Noto Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Source Han Sans SC",
+               "SimHei", "Microsoft YaHei", "PingFang SC")
+
+
+@lru_cache(maxsize=1)
+def use_cjk_font() -> str | None:
+    """Make matplotlib render Chinese; returns the font family used (None when none was found)."""
+    family = None
+    try:
+        import paperang_p2_fonts_cjk
+
+        for path in glob.glob(str(Path(paperang_p2_fonts_cjk.__file__).parent / "fonts" / "*.tt*")):
+            font_manager.fontManager.addfont(path)
+            family = "WenQuanYi Micro Hei"
+    except ImportError:
+        pass
+    if family is None:
+        have = {f.name for f in font_manager.fontManager.ttflist}
+        family = next((f for f in _SYSTEM_CJK if f in have), None)
+    if family is None:
+        warnings.warn("no CJK font found: Chinese text in figures will not render. Install the requirements "
+                      "(paperang-p2-fonts-cjk) or a CJK font such as Noto Sans CJK.", stacklevel=2)
+        return None
+    plt.rcParams["font.family"] = ["sans-serif"]
+    plt.rcParams["font.sans-serif"] = [family, "DejaVu Sans"]
+    plt.rcParams["axes.unicode_minus"] = False
+    return family
+
+
+def _fig(width: float = 8, height: float = 4):
+    use_cjk_font()
+    return plt.subplots(figsize=(width, height), layout="constrained")
+
+
+def _done(fig):
+    """Detach the figure from pyplot so that Jupyter shows it once: as the value returned."""
+    plt.close(fig)
+    return fig
+
+
+def metric_bars(table: pd.DataFrame, *, title: str = "Metrics by stage (95 % CI)"):
+    """Grouped bars: metric on x, one bar per stage, error bars from ``ci_low``/``ci_high``, tier edge colour."""
+    fig, ax = _fig(9, 4)
+    metrics = list(dict.fromkeys(table["metric"]))
+    stages = list(dict.fromkeys(table["stage"]))
+    width = 0.8 / max(len(stages), 1)
+    x = np.arange(len(metrics))
+    for i, st in enumerate(stages):
+        t = table[table["stage"] == st].set_index("metric").reindex(metrics)
+        err = np.vstack([t["mean"] - t["ci_low"], t["ci_high"] - t["mean"]])
+        bars = ax.bar(x + i * width - 0.4 + width / 2, t["mean"], width, yerr=err, capsize=2, label=st)
+        for b, tier in zip(bars, t.get("tier", [None] * len(t))):
+            if isinstance(tier, str):
+                b.set_edgecolor(TIER_COLOURS[tier])
+                b.set_linewidth(2)
+    ax.set_xticks(x, metrics)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("mean over valid queries")
+    ax.set_title(title)
+    ax.legend(ncols=min(len(stages), 5), fontsize=8)
+    return _done(fig)
+
+
+def recall_funnel(table: pd.DataFrame, metric: str = "recall@10", order=("vector", "keyword", "hybrid", "final",
+                                                                           "citations")):
+    """Recall at each pipeline stage, in pipeline order: where recall is lost."""
+    fig, ax = _fig(7, 3.5)
+    t = table[table["metric"] == metric].set_index("stage")
+    stages = [s for s in order if s in t.index] + [s for s in t.index if s not in order]
+    vals = t.loc[stages, "mean"].to_numpy()
+    ax.barh(stages[::-1], vals[::-1], color="#4575b4",
+            xerr=np.vstack([(t.loc[stages, "mean"] - t.loc[stages, "ci_low"]).to_numpy()[::-1],
+                            (t.loc[stages, "ci_high"] - t.loc[stages, "mean"]).to_numpy()[::-1]]), capsize=3)
+    for y, v in enumerate(vals[::-1]):
+        ax.text(v + 0.01, y, f"{v:.3f}", va="center", fontsize=9)
+    ax.set_xlim(0, 1.1)
+    ax.set_title(f"{metric} along the pipeline")
+    return _done(fig)
+
+
+def distributions(per_query: pd.DataFrame, metrics=("ndcg@10", "recall@10"), bins: int = 20):
+    """Histograms of per-query values, one panel per metric, one colour per stage."""
+    use_cjk_font()
+    metrics = [m for m in metrics if m in per_query.columns]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), layout="constrained", squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        for st, g in per_query.groupby("stage", sort=False):
+            ax.hist(g[m], bins=bins, range=(0, 1), alpha=0.5, label=str(st))
+        ax.set_title(f"per-query {m}")
+        ax.set_xlabel(m)
+        ax.set_ylabel("queries")
+    axes[0][0].legend(fontsize=8)
+    return _done(fig)
+
+
+def heatmap(table: pd.DataFrame, *, value: str = "mean", title: str = ""):
+    """Groups (rows) x metrics (columns), values written in the cells."""
+    wide = table.pivot_table(index="label", columns="metric", values=value, sort=False)
+    fig, ax = _fig(1.2 * len(wide.columns) + 3, 0.35 * len(wide) + 1.5)
+    im = ax.imshow(wide.to_numpy(), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(wide.columns)), wide.columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(wide.index)), wide.index)
+    for i in range(wide.shape[0]):
+        for j in range(wide.shape[1]):
+            ax.text(j, i, f"{wide.iat[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    ax.set_title(title)
+    return _done(fig)
+
+
+def cause_bars(summary: pd.DataFrame):
+    """Degraded queries by cause, one bar colour per stage."""
+    fig, ax = _fig(8, 3.5)
+    body = summary.drop(index="degraded queries", errors="ignore")
+    body.plot.barh(ax=ax)
+    ax.invert_yaxis()
+    ax.set_xlabel("degraded queries with this cause")
+    ax.set_title("Causes of degraded queries")
+    return _done(fig)
+
+
+def delta_bars(metrics: pd.DataFrame):
+    """Delta (B - A) per metric with its 95 % paired-bootstrap interval; filled when significant (Holm)."""
+    fig, ax = _fig(8, 3.5)
+    for run, t in metrics.groupby("run", sort=False):
+        y = np.arange(len(t))
+        sig = (t["p_holm"] < 0.05).to_numpy()
+        ax.errorbar(t["delta"], y, xerr=np.vstack([t["delta"] - t["ci_low"], t["ci_high"] - t["delta"]]),
+                    fmt="none", ecolor="grey", capsize=3)
+        ax.scatter(t["delta"][sig], y[sig], color="#1a9850", zorder=3, label=f"{run}: significant")
+        ax.scatter(t["delta"][~sig], y[~sig], facecolors="none", edgecolors="#d73027", zorder=3,
+                   label=f"{run}: not significant")
+        ax.set_yticks(y, t["metric"])
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("delta vs baseline (95 % CI)")
+    ax.legend(fontsize=8)
+    ax.set_title("Change per metric")
+    return _done(fig)
+
+
+def paired_scatter(per_query: pd.DataFrame, metric: str = "ndcg@5"):
+    """Each query: baseline value (x) vs compared value (y); above the diagonal = better."""
+    fig, ax = _fig(5, 5)
+    for run, g in per_query.groupby("run", sort=False):
+        jitter = np.random.default_rng(0).normal(0, 0.008, (2, len(g)))
+        ax.scatter(g[f"{metric}_a"] + jitter[0], g[f"{metric}_b"] + jitter[1], s=10, alpha=0.5, label=str(run))
+    ax.plot([0, 1], [0, 1], color="black", lw=0.8)
+    ax.set_xlabel(f"{metric}, baseline")
+    ax.set_ylabel(f"{metric}, compared")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Per-query {metric}")
+    return _done(fig)
+
+
+def latency_cdf(latencies: dict[str, np.ndarray]):
+    """Cumulative distribution of request latency (ms) per run or stage, with p50/p95 marked."""
+    fig, ax = _fig(7, 3.5)
+    for name, v in latencies.items():
+        v = np.sort(np.asarray(v, dtype=float))
+        v = v[~np.isnan(v)]
+        if not len(v):
+            continue
+        ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=f"{name} (p50 {np.percentile(v, 50):.0f}, "
+                                                             f"p95 {np.percentile(v, 95):.0f} ms)")
+    ax.axhline(0.95, color="grey", lw=0.6, ls="--")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("share of requests")
+    ax.set_xscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title("Latency")
+    return _done(fig)

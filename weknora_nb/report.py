@@ -1,0 +1,238 @@
+"""Render the notebooks of a run into self-contained HTML reports (papermill + nbconvert).
+
+``render_report(run_dir, baselines)`` executes each notebook of ``notebooks/`` with
+papermill into ``outputs/reports/<run>/`` (the executed ``.ipynb`` and its ``.html``) and
+writes an ``index.html`` that links them with the headline figures. A notebook that fails
+leaves its partial notebook and HTML (papermill marks the failing cell at the top) and
+raises :class:`ReportError` naming the notebook and the cell.
+
+Reports carry no secret (notebooks never take an API key as a parameter) and escape every
+text that comes from the knowledge base.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import WeknoraNbError
+
+__all__ = ["NOTEBOOKS", "ReportError", "Report", "render_report", "write_index", "notebooks_dir"]
+
+log = logging.getLogger(__name__)
+
+NOTEBOOKS = ("01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare")
+_EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.I)
+
+
+class ReportError(WeknoraNbError):
+    """A notebook failed; its partial notebook and HTML were saved first."""
+
+    def __init__(self, notebook: str, cell: int | None, source: str, ename: str, evalue: str, partial_html: Path):
+        self.notebook, self.cell, self.source = notebook, cell, source
+        self.ename, self.evalue, self.partial_html = ename, evalue, partial_html
+        where = f"cell {cell} ({source!r})" if cell is not None else "an unknown cell"
+        super().__init__(f"notebook {notebook} failed in {where}: {ename}: {evalue} (partial report: {partial_html})")
+
+
+@dataclass
+class Report:
+    run: str
+    folder: Path
+    index: Path
+    pages: dict[str, Path] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    headline: dict[str, Any] = field(default_factory=dict)
+
+
+def notebooks_dir() -> Path:
+    """``notebooks/`` of this checkout."""
+    return Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(nb_path, as_version=4)
+    exporter = HTMLExporter(template_name="lab", exclude_input=no_input, exclude_input_prompt=no_input,
+                            exclude_output_prompt=no_input)
+    body, _ = exporter.from_notebook_node(nb)
+    # a report opens from disk or an attachment: no scripts fetched from the internet
+    body = _EXTERNAL_SCRIPT.sub("", body)
+    html_path.write_text(body, encoding="utf-8")
+
+
+def cjk_font_css(text: str) -> str:
+    """A ``<style>`` that embeds the CJK characters of ``text`` as a subset of WenQuanYi Micro Hei.
+
+    The font is the last fallback of the report's font stacks, so a reader whose machine has
+    no Chinese font still sees every character; "" when ``text`` has no CJK character or the
+    font package is missing.
+    """
+    import base64
+    import io
+
+    chars = {ord(c) for c in text if ord(c) >= 0x2E80}
+    if not chars:
+        return ""
+    try:
+        import paperang_p2_fonts_cjk
+        from fontTools import subset
+        from fontTools.ttLib import TTFont
+    except ImportError:
+        log.warning("no CJK font package: reports rely on the reader's fonts for Chinese")
+        return ""
+    path = next((Path(paperang_p2_fonts_cjk.__file__).parent / "fonts").glob("*.tt*"))
+    font = TTFont(str(path), fontNumber=0)
+    options = subset.Options()
+    options.hinting = False
+    options.layout_features = ["*"]
+    logging.getLogger("fontTools").setLevel(logging.ERROR)
+    sub = subset.Subsetter(options)
+    sub.populate(unicodes=chars)
+    sub.subset(font)
+    buf = io.BytesIO()
+    font.save(buf)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    stack = ("system-ui, -apple-system, 'Segoe UI', 'PingFang SC', 'Microsoft YaHei', 'Noto Sans CJK SC', "
+             "sans-serif, 'weknora-cjk'")
+    return (f"<style>@font-face{{font-family:'weknora-cjk';src:url(data:font/ttf;base64,{data}) format('truetype');}}"
+            f":root{{--jp-content-font-family:{stack};--jp-ui-font-family:{stack};"
+            f"--jp-code-font-family:monospace, 'weknora-cjk';}}body{{font-family:{stack};}}</style>")
+
+
+def _embed_font(pages: list[Path]) -> None:
+    """Add one shared CJK font subset (the characters of all ``pages``) to each page's head."""
+    texts = [p.read_text(encoding="utf-8") for p in pages]
+    css = cjk_font_css("".join(texts))
+    if not css:
+        return
+    for p, t in zip(pages, texts):
+        p.write_text(t.replace("</head>", css + "</head>", 1), encoding="utf-8")
+
+
+def _failed_cell(nb_path: Path) -> tuple[int | None, str]:
+    """1-based position (among all cells of the executed notebook) and first source line of the failed cell."""
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    for i, c in enumerate(nb.cells, start=1):
+        if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+            return i, c.source.strip().splitlines()[0][:80] if c.source.strip() else ""
+    return None, ""
+
+
+def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,
+                  no_input: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
+                  parameters: dict[str, Any] | None = None) -> Report:
+    """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports."""
+    import papermill as pm
+
+    run_dir = Path(run_dir).resolve()
+    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    name = str(manifest.get("run_name") or run_dir.name)
+    out_root = Path(out_root or run_dir.parent.parent / "reports").resolve()
+    folder = out_root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    params = {"run_dir": str(run_dir), "baseline_dirs": [str(Path(b).resolve()) for b in baselines],
+              "interactive": False, **(parameters or {})}
+    report = Report(name, folder, folder / "index.html")
+    for nb in notebooks:
+        src = notebooks_dir() / f"{nb}.ipynb"
+        dst = folder / f"{nb}.ipynb"
+        page = folder / f"{nb}.html"
+        t0 = time.perf_counter()
+        try:
+            pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, progress_bar=False,
+                                log_output=False, cwd=str(run_dir.parent))
+        except pm.PapermillExecutionError as exc:
+            _to_html(dst, page, no_input=False)
+            _embed_font([page])
+            raise ReportError(nb, *_failed_cell(dst), exc.ename, str(exc.evalue)[:300], page) from exc
+        _to_html(dst, page, no_input=no_input)
+        report.pages[nb] = page
+        report.seconds[nb] = time.perf_counter() - t0
+        log.info("rendered %s (%.1f s)", page, report.seconds[nb])
+    report.headline = headline(run_dir, list(baselines))
+    write_index(report)
+    _embed_font([*report.pages.values(), report.index])
+    return report
+
+
+def headline(run_dir: Path, baselines: list[str | Path]) -> dict[str, Any]:
+    """The figures an index page shows: final-stage means and tiers, counts, and deltas to a baseline."""
+    from .compare import compare_runs, load_run
+
+    run = load_run(run_dir)
+    stage = "final" if "final" in run.stages else run.stages[0]
+    s = run.scores.summary[run.scores.summary["stage"] == stage]
+    out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
+                           "counts": run.scores.counts, "warnings": run.scores.warnings}
+    if baselines:
+        cmp = compare_runs([*baselines, run_dir], stage=stage, resamples=2000)
+        row = cmp.metrics[cmp.metrics["run"] == run.name].set_index("metric")
+        if "ndcg@5" in row.index:
+            r = row.loc["ndcg@5"]
+            out["vs"] = {"baseline": r["baseline"], "delta": r["delta"], "ci": (r["ci_low"], r["ci_high"]),
+                         "p_holm": r["p_holm"]}
+    return out
+
+
+_STYLE = """<style>body{font-family:"WenQuanYi Micro Hei","Noto Sans CJK SC",sans-serif;margin:2em;max-width:70em}
+td,th{padding:2px 8px;text-align:left}.excellent{background:#1a9850}.good{background:#91cf60}
+.pass{background:#fee08b}.fail{background:#f46d43}.warn{color:#a50026}</style>"""
+
+
+def _tier(t: Any) -> str:
+    return t if isinstance(t, str) else ""
+
+
+def write_index(report: Report) -> Path:
+    """``index.html`` of one run: links to its notebooks and its headline figures (all text escaped)."""
+    e = html.escape
+    h = report.headline
+    rows = "".join(f'<tr><td>{e(m)}</td><td class="{e(_tier(t))}">{v:.3f}</td><td>{e(_tier(t))}</td></tr>'
+                   for m, v, t in h.get("metrics", []))
+    c = h.get("counts", {})
+    counts = (f"{c.get('n_valid', 0)} valid / {c.get('n_queries', 0)} queries, {c.get('n_invalid', 0)} invalid, "
+              f"{c.get('n_failed', 0)} failed and {c.get('n_missing', 0)} missing requests")
+    vs = ""
+    if "vs" in h:
+        v = h["vs"]
+        vs = (f"<p>NDCG@5 vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI [{v['ci'][0]:+.3f}, "
+              f"{v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+    warns = "".join(f'<p class="warn">{e(w)}</p>' for w in h.get("warnings", []))
+    links = "".join(f'<li><a href="{e(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
+            f"<h1>weknora-nb report: {e(report.run)}</h1><p>Stage <b>{e(h.get('stage', ''))}</b>; {e(counts)}</p>"
+            f"{vs}{warns}<table><tr><th>metric</th><th>mean</th><th>tier</th></tr>{rows}</table>"
+            f"<h2>Notebooks</h2><ul>{links}</ul></body></html>")
+    report.index.write_text(page, encoding="utf-8")
+    return report.index
+
+
+def write_overview(reports: list[Report], path: Path) -> Path:
+    """A top-level ``index.html`` linking several runs' reports with their headline figures."""
+    e = html.escape
+    items = []
+    for r in reports:
+        m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
+        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", "ndcg@5", "hit@5"))
+        vs = ""
+        if "vs" in r.headline:
+            v = r.headline["vs"]
+            vs = f"; NDCG@5 vs {v['baseline']}: {v['delta']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+        rel = r.index.relative_to(path.parent)
+        items.append(f'<li><a href="{e(str(rel))}">{e(r.run)}</a>: {e(figs + vs)}</li>')
+    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
+                    f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>",
+                    encoding="utf-8")
+    _embed_font([path])
+    return path

@@ -1,0 +1,103 @@
+"""Tables for the notebooks: figures with intervals, tier colours, and escaped HTML.
+
+Every text that comes from the knowledge base or the test set is HTML-escaped before it
+reaches a report (``escape="html"`` in stylers, ``escape=True`` in ``to_html``).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .scoring import Scores
+from .stats import bootstrap_ci
+from .tiers import thresholds
+
+__all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table"]
+
+#: background colour of each acceptance tier in tables (and bar edges in figures)
+TIER_COLOURS = {"excellent": "#1a9850", "good": "#91cf60", "pass": "#fee08b", "fail": "#f46d43"}
+
+
+def metric_table(scores: Scores, *, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per (stage, metric): mean, 95 % bootstrap CI over queries, spread across repeats, tier, n."""
+    pq = scores.per_query_mean()
+    rows = []
+    summ = scores.summary.set_index(["stage", "metric"])
+    for stage in scores.stages:
+        vals = pq.loc[pq["stage"] == stage, scores.metric_names].to_numpy()
+        lo, hi = bootstrap_ci(vals, resamples=resamples, seed=seed)
+        for j, m in enumerate(scores.metric_names):
+            s = summ.loc[(stage, m)]
+            rows.append({"stage": stage, "metric": m, "mean": s["mean"], "ci_low": lo[j], "ci_high": hi[j],
+                         "repeat_std": s["std"], "n_queries": int(s["n_queries"]), "tier": s["tier"]})
+    return pd.DataFrame(rows)
+
+
+def style_tiers(table: pd.DataFrame, *, domain_adjustment: float = 0.0):
+    """Stages x metrics, ``mean [low, high]`` in each cell, coloured by tier (a legend row below)."""
+    cells = table.assign(text=[f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
+                               zip(table["mean"], table["ci_low"], table["ci_high"])])
+    text = cells.pivot(index="stage", columns="metric", values="text")
+    tiers = cells.pivot(index="stage", columns="metric", values="tier")
+    order_s = list(dict.fromkeys(table["stage"]))
+    order_m = list(dict.fromkeys(table["metric"]))
+    text, tiers = text.loc[order_s, order_m], tiers.loc[order_s, order_m]
+
+    def colour(col: pd.Series) -> list[str]:
+        return [f"background-color: {TIER_COLOURS[t]}" if isinstance(t, str) else "" for t in tiers[col.name]]
+    caption = "Tiers: " + ", ".join(
+        f'<span style="background-color:{c};padding:0 6px">{name}</span>' for name, c in TIER_COLOURS.items())
+    if domain_adjustment:
+        caption += f" (thresholds lowered by {domain_adjustment:.0%} for a specialised domain)"
+    return text.style.apply(colour, axis=0).format(escape="html").set_caption(caption)
+
+
+def thresholds_table(domain_adjustment: float = 0.0) -> pd.DataFrame:
+    """The acceptance thresholds in force (METHOD.md section 4)."""
+    from .tiers import THRESHOLDS
+
+    rows = [{"metric": m, **dict(zip(("excellent", "good", "pass"), thresholds(m, domain_adjustment)))}
+            for m in THRESHOLDS]
+    return pd.DataFrame(rows)
+
+
+def html_table(df: pd.DataFrame, **kw: Any) -> str:
+    """A DataFrame as escaped HTML (knowledge-base text is data, never markup)."""
+    return df.to_html(escape=True, index=kw.pop("index", False), border=0, **kw)
+
+
+def counts_table(scores: Scores) -> pd.DataFrame:
+    """Counts that every report carries: queries, invalid, failed, missing, duplicates."""
+    c = scores.counts
+    rows = [("queries in the test set", c["n_queries"]), ("valid queries", c["n_valid"]),
+            ("invalid queries (excluded)", c["n_invalid"]), ("requests scored", c["n_scored"]),
+            ("requests failed (excluded)", c["n_failed"]), ("requests missing (excluded)", c["n_missing"]),
+            ("unknown query ids (excluded)", c["n_unknown_query"]),
+            ("duplicate chunk ids removed", c["n_duplicates_removed"]),
+            ("merged neighbour chunks unfolded", c.get("n_sub_chunks_expanded", 0)),
+            ("repeats", ", ".join(map(str, c["repeats"])))]
+    return pd.DataFrame(rows, columns=["what", "count"])
+
+
+def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
+    """One degraded query: labelled chunks vs what each stage returned, all text escaped."""
+    def clip(s: Any) -> str:
+        s = "" if s is None or (isinstance(s, float) and np.isnan(s)) else str(s)
+        return s if len(s) <= max_chars else s[:max_chars] + "…"
+    parts = [f"<h4>{html.escape(dd['query_id'])}: {html.escape(str(dd['query']))}</h4>"]
+    if dd.get("answer"):
+        parts.append(f"<p><b>Reference answer:</b> {html.escape(str(dd['answer']))}</p>")
+    for c in dd["causes"]:
+        ev = "".join(f"<li>{html.escape(e)}</li>" for e in c["evidence"])
+        parts.append(f"<p><b>{html.escape(c['stage'])}</b>: {html.escape(', '.join(c['causes']) or 'no cause found')}"
+                     f"</p><ul>{ev}</ul>")
+    lab = dd["labels"][["chunk_id", "grade", "content"]].assign(content=lambda d: d["content"].map(clip))
+    parts.append("<p><b>Labelled chunks</b></p>" + html_table(lab))
+    for stage, top in dd["returned"].items():
+        t = top[["rank", "chunk_id", "grade", "score", "content"]].assign(content=lambda d: d["content"].map(clip))
+        parts.append(f"<p><b>{html.escape(stage)}</b> returned</p>" + html_table(t))
+    return "\n".join(parts)
