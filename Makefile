@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test lab bench clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version'
@@ -27,8 +27,12 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.testtools
 	$(BIN)/python -m pytest
 
+lab: $(VENV)/.runtime
+	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
+	$(BIN)/jupyter lab notebooks/
+
 bench: $(VENV)/.testtools
-	$(BIN)/python benchmarks/bench_scoring.py
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV)
