@@ -14,10 +14,9 @@ import pytest
 from weknora_nb.client import ClientSettings
 from weknora_nb.collect import collect
 from weknora_nb.report import NOTEBOOKS, ReportError, render_report
-from weknora_nb.sandbox import SandboxServer
-from weknora_nb.testset import TestSet
+from weknora_nb.sandbox import SandboxServer, demo_dir
+from weknora_nb.testset import TestSet, load_testset
 
-MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-report-test-9d8c7b6a5f4e"
 EVIL = '<script>alert("kb")</script>'
 
@@ -32,18 +31,21 @@ SECTIONS = {
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
+    """A slice of the demo: its knowledge base plus one document whose text holds a <script>,
+    30 of its queries plus one that finds that document, two versions, two repeats."""
     tmp = tmp_path_factory.mktemp("reports")
-    data = tmp / "kb"
-    shutil.copytree(MINI, data)
-    (data / "docs" / "guide" / "04-notes.md").write_text(
-        f"# 备注\n\n## 页面脚本\n\n某些页面含有脚本 {EVIL} 用来测试转义。密码重置页面也引用它。\n", encoding="utf-8")
-    queries = ["忘记管理员密码怎么办", "账号锁定多久", "密码最短几位", "VPN 连接失败 ZL-201", "ZeroLink 在哪里下载",
-               "管理 API 限流多少", "熔断多久恢复", "rate-limiting 插件怎么配", "DG-1009 是什么", "页面脚本"]
-    recs = [{"query_id": f"s{i:02d}", "query": q, "query_type": ["factual", "procedural"][i % 2],
-             "tags": ["frequent"] if i % 2 else ["vague"],
-             "relevant": {"guide.04-notes:000": 3, "guide.03-vpn:001": 1} if i % 3 == 0 else
-             {"guide.01-passwords:000": 3, "guide.01-passwords:001": 2}} for i, q in enumerate(queries)]
-    recs.append({"query_id": "none", "query": "没有答案", "relevant": {}})
+    data = tmp / "demo"
+    data.mkdir()
+    shutil.copytree(demo_dir() / "docs", data / "docs")
+    shutil.copytree(demo_dir() / "cache", data / "cache")
+    shutil.copy(demo_dir() / "versions.yaml", data / "versions.yaml")
+    (data / "docs" / "policies" / "99-page-scripts.md").write_text(
+        f"# 页面脚本说明\n\n## 嵌入脚本的页面\n\n门户首页嵌入了一段脚本 {EVIL} 用来统计访问量，上线前须经安全组审查。\n",
+        encoding="utf-8")
+    full = load_testset(demo_dir() / "testset.jsonl")
+    recs = full.subset(full.queries["query_id"].tolist()[::12]).records()
+    recs.append({"query_id": "xss", "query": "门户首页嵌入的统计脚本要谁审查？", "query_type": "factual",
+                 "tags": ["long-tail"], "relevant": {"policies.09-access-requests:000": 3}})  # mislabelled: degraded, drilled into
     ts = tmp / "testset.jsonl"
     TestSet.from_records(recs).to_jsonl(ts)
     old = os.environ.get("WEKNORA_API_KEY")
@@ -86,9 +88,13 @@ def test_tier_colours_and_counts_in_the_metric_report(reports):
 
 
 def test_knowledge_base_text_is_escaped(reports):
-    page = reports[1].pages["04_degraded"].read_text(encoding="utf-8")
-    assert "&lt;script&gt;alert(" in page
-    assert EVIL not in page
+    tmp, rep = reports
+    shown = 0
+    for nb, page in rep.pages.items():
+        text = page.read_text(encoding="utf-8")
+        assert EVIL not in text, nb
+        shown += text.count("&lt;script&gt;alert(")
+    assert shown > 0  # the chunk's text is in a report, escaped
 
 
 def test_no_secret_anywhere_in_the_reports(reports):

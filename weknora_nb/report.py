@@ -61,6 +61,7 @@ def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(nb_path, as_version=4)
+    logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's alt-text notice on every figure
     exporter = HTMLExporter(template_name="lab", exclude_input=no_input, exclude_input_prompt=no_input,
                             exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)

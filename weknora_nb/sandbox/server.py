@@ -174,15 +174,23 @@ def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo",
             return _err(400, "bad_request", "request body must be a JSON object")
         return data
 
-    async def hybrid_search(request: Request) -> Response:
-        if request.path_params["kb_id"] != kb_id:
-            return _err(404, "not_found", f"knowledge base {request.path_params['kb_id']} not found")
+    async def query_body(request: Request, field: str) -> tuple[dict[str, Any], str] | Response:
+        """The JSON body and its non-empty query field, or the 400 that says what is wrong."""
         data = await body_json(request)
         if isinstance(data, Response):
             return data
-        q = data.get("query_text")
+        q = data.get(field)
         if not isinstance(q, str) or not q.strip():
-            return _err(400, "bad_request", "query_text is required")
+            return _err(400, "bad_request", f"{field} is required")
+        return data, q
+
+    async def hybrid_search(request: Request) -> Response:
+        if request.path_params["kb_id"] != kb_id:
+            return _err(404, "not_found", f"knowledge base {request.path_params['kb_id']} not found")
+        got = await query_body(request, "query_text")
+        if isinstance(got, Response):
+            return got
+        data, q = got
         try:
             hits = engine.hybrid_search(
                 q, match_count=int(data.get("match_count") or 0),
@@ -206,12 +214,10 @@ def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo",
         return ids
 
     async def knowledge_search(request: Request) -> Response:
-        data = await body_json(request)
-        if isinstance(data, Response):
-            return data
-        q = data.get("query")
-        if not isinstance(q, str) or not q.strip():
-            return _err(400, "bad_request", "query is required")
+        got = await query_body(request, "query")
+        if isinstance(got, Response):
+            return got
+        data, q = got
         ids = kb_ids_of(data)
         if isinstance(ids, Response):
             return ids
@@ -231,13 +237,10 @@ def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo",
         sid = request.path_params["session_id"]
         if sid not in state["sessions"]:
             return _err(404, "not_found", f"session {sid} not found")
-        data = await body_json(request)
-        if isinstance(data, Response):
-            return data
-        q = data.get("query")
-        if not isinstance(q, str) or not q.strip():
-            return _err(400, "bad_request", "query is required")
-        hits = engine.knowledge_search(q)
+        got = await query_body(request, "query")
+        if isinstance(got, Response):
+            return got
+        hits = engine.knowledge_search(got[1])
         refs = [result_json(h) for h in hits]
         cut = state["faults"].roll(state["faults"].cfg.stream_cut_rate)
         req_id = str(uuid.uuid4())
