@@ -143,7 +143,9 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
     def blank(c: str) -> np.ndarray:
         s = df[c]
         if isinstance(s.dtype, pd.CategoricalDtype):
-            cats_blank = np.asarray([not str(x).strip() for x in s.cat.categories] + [True], dtype=bool)
+            cats = s.cat.categories
+            cats_blank = np.append((cats.astype("string").str.strip() == "").to_numpy(dtype=bool, na_value=True),
+                                   True)
             codes = s.cat.codes.to_numpy()
             return cats_blank[np.where(codes < 0, len(cats_blank) - 1, codes)]
         return (s.isna() | (s.astype("string").str.strip() == "")).to_numpy(dtype=bool)

@@ -73,9 +73,14 @@ class Scores:
     by_repeat: pd.DataFrame
     summary: pd.DataFrame
     counts: dict
-    testset_hash: str
+    testset: TestSet = field(repr=False)
     warnings: list[str] = field(default_factory=list)
     domain_adjustment: float = 0.0
+
+    @property
+    def testset_hash(self) -> str:
+        """Content hash of the test set scored against (computed when first asked for)."""
+        return self.testset.hash
 
     @property
     def metric_names(self) -> list[str]:
@@ -279,10 +284,12 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     n_s, n_rep = max(len(s_uni), 1), max(len(rep_uni), 1)
     req_key = (q_code * n_s + s_code) * n_rep + rep_code
     key = req_key * (int(rank.max(initial=0)) + 1) + rank
-    if n_rows and np.any(np.diff(key) < 0):
+    step = np.diff(key)
+    if n_rows and np.any(step < 0):
         order = np.argsort(key, kind="stable")
         req_key, key, rank = req_key[order], key[order], rank[order]
         q_code, c_code, st_code = q_code[order], c_code[order], st_code[order]
+        step = np.diff(key)
     else:
         order = None
 
@@ -302,7 +309,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     # -- 2. structure -------------------------------------------------------------------
     problems: list[Problem] = []
     ok_label = np.flatnonzero(st_uni == "ok")
-    is_ok = np.isin(st_code, ok_label)
+    is_ok = st_code == ok_label[0] if len(ok_label) else np.zeros(n_rows, bool)
     if n_req:
         lo = np.minimum.reduceat(st_code, starts)
         hi = np.maximum.reduceat(st_code, starts)
@@ -311,7 +318,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
                                     f"request ({q_uni[r_q[r]]!r}, {s_uni[r_s[r]]!r}, repeat {rep_uni[r_rep[r]]}) "
                                     "has rows with different statuses", "row"))
     has_chunk = c_code >= 0
-    dup_rank = np.flatnonzero((np.diff(key) == 0) & has_chunk[1:] & has_chunk[:-1]) + 1 if n_rows else []
+    dup_rank = np.flatnonzero((step == 0) & has_chunk[1:] & has_chunk[:-1]) + 1 if n_rows else []
     for j in dup_rank[:20]:
         problems.append(Problem(source, row_of(j), "rank",
                                 f"rank {rank[j]} appears twice in request ({q_uni[q_code[j]]!r}, "
@@ -489,5 +496,5 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     for w in warnings:
         log.info(w)
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
-                  summary=summary, counts=counts, testset_hash=testset.hash, warnings=warnings,
+                  summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)
