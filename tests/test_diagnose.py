@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 from weknora_nb import score
 from weknora_nb.diagnose import diagnose

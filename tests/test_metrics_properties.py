@@ -41,7 +41,7 @@ def test_a_perfect_ranking_scores_1(rel, noise):
     perfect = sorted(relevant, key=lambda c: -relevant[c]) + [c for c in noise if c not in rel]
     ts = TestSet.from_records([{"query_id": "q", "query": "x", "relevant": rel}])
     n = len(relevant)
-    names = [f"recall@{n}", f"hit@1", f"mrr@1", f"map@{n}", f"precision@{n}"] + [
+    names = [f"recall@{n}", "hit@1", "mrr@1", f"map@{n}", f"precision@{n}"] + [
         f"ndcg@{k}{v}" for k in (1, 3, n, 20) for v in ("", ":linear", ":binary")]
     sc = score(ts, results_frame(ranked("q", perfect)), names)
     for m in names:

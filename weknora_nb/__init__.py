@@ -9,7 +9,7 @@ from .tiers import tier
 
 __version__ = "0.1.0"
 
-from . import compare, diagnose, gate, stats, stratify  # noqa: E402  (analysis modules, used as wk.compare...)
+from . import compare, diagnose, gate, stats, stratify  # noqa: E402,F401  (analysis modules: wk.compare, ...)
 
 __all__ = [
     "DEFAULT_METRICS", "InputError", "MetricError", "Problem", "ResultsError", "Scores", "TestSet",

@@ -113,7 +113,7 @@ def read_checkpoint(path: str | Path) -> dict[tuple[str, str, int], dict[str, An
             if i >= len(lines) - 2:  # only the tail can be torn
                 log.warning("%s: dropping a torn last line (%d bytes)", p, len(line))
                 break
-            raise WeknoraNbError(f"{p}: line {i + 1} is not valid JSON; the checkpoint is damaged")
+            raise WeknoraNbError(f"{p}: line {i + 1} is not valid JSON; the checkpoint is damaged") from None
         records[(rec["query_id"], rec["stage"], int(rec["repeat"]))] = rec
         good_end += len(line) + 1
     if good_end < len(raw):
@@ -211,8 +211,10 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     if not isinstance(testset, TestSet):
         testset_path = str(testset)
         testset = load_testset(testset)
-    stage_objs = [s for s in stages if isinstance(s, Stage)] if isinstance(stages, list) and stages and \
-        isinstance(stages[0], Stage) else resolve_stages(stages)  # type: ignore[arg-type]
+    if isinstance(stages, list) and stages and all(isinstance(s, Stage) for s in stages):
+        stage_objs: list[Stage] = list(stages)  # type: ignore[arg-type]
+    else:
+        stage_objs = resolve_stages(stages)  # type: ignore[arg-type]
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     name = run_name or run_dir.name

@@ -269,7 +269,8 @@ def _load_csv(path: Path) -> TestSet:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise TestSetError(path, [Problem(str(path), line, None, f"not valid UTF-8 (byte offset {exc.start})")])
+        raise TestSetError(path, [Problem(str(path), line, None, f"not valid UTF-8 (byte offset {exc.start})")]) \
+            from exc
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = {"query_id", "query", "relevant"} - set(reader.fieldnames or [])
     if missing:

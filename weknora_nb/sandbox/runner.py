@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 from dataclasses import asdict
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +116,13 @@ class SandboxServer:
         self.api_key = api_key or os.environ.get("WEKNORA_API_KEY") or f"sk-sandbox-{secrets.token_hex(12)}"
         self.data_dir = data_dir
         self.cache_dir = cache_dir
-        self.version = version if isinstance(version, VersionConfig) else load_demo_versions(data_dir)[version] \
-            if version in load_demo_versions(data_dir) else None
-        if self.version is None:
-            raise KeyError(f"unknown sandbox version {version!r}; defined: {sorted(load_demo_versions(data_dir))}")
+        if isinstance(version, VersionConfig):
+            self.version = version
+        else:
+            defined = load_demo_versions(data_dir)
+            if version not in defined:
+                raise KeyError(f"unknown sandbox version {version!r}; defined: {sorted(defined)}")
+            self.version = defined[version]
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.allow_fault_control = allow_fault_control
         self.show_progress = show_progress

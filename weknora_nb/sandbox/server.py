@@ -27,7 +27,6 @@ import json
 import logging
 import random
 import secrets
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
