@@ -142,3 +142,11 @@ def test_several_stages_are_summarised_separately():
     assert sc.summary_wide()["hit@1"].to_dict() == {"vector": 1.0, "keyword": 0.0}
     js = sc.to_json_dict()
     assert js["summary"] == {"vector": {"hit@1": 1.0}, "keyword": {"hit@1": 0.0}}
+
+
+def test_repeat_numbers_need_not_be_consecutive():
+    ts = TestSet.from_records([{"query_id": "q", "query": "a", "relevant": {"A": 3}}])
+    rows = ranked("q", ["A"], repeat=1) + ranked("q", ["B", "A"], repeat=5)
+    sc = score(ts, results_frame(rows), ["mrr@10"])
+    assert sc.by_repeat[["repeat", "mrr@10"]].values.tolist() == [[1, 1.0], [5, 0.5]]
+    assert sc.counts["repeats"] == [1, 5]

@@ -61,7 +61,8 @@ class RankedLists:
 
     Rows are sorted by request, then position. ``req[j]`` is the request index
     (0..n_req-1) of row j, ``pos[j]`` its 1-based position after duplicate removal and
-    ``grade[j]`` the label of its chunk (0 when unlabelled). ``req_query[r]`` is the
+    ``grade[j]`` the label of its chunk. Rows of grade 0 may be left out: no metric
+    counts them (their gain is 0), and positions already account for them. ``req_query[r]`` is the
     query index (0..n_q-1) of request r. Per query: ``n_rel[q]`` chunks of grade >= 1
     (> 0: only valid queries are scored) and the ideal ranking for IDCG, flattened as
     ``ideal_q`` / ``ideal_pos`` / ``ideal_grade`` (grades >= 1 sorted descending).

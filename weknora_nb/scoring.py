@@ -164,10 +164,12 @@ def _small_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not len(a):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     lo = int(a.min())
-    present = np.flatnonzero(np.bincount(a - lo)) + lo
-    lookup = np.full(int(a.max()) - lo + 1, -1, dtype=np.int64)
-    lookup[present - lo] = np.arange(len(present))
-    return present, lookup[a - lo]
+    d = a - lo
+    present = np.bincount(d) > 0
+    if present.all():  # the usual case: repeats 1..N all present
+        return np.arange(lo, lo + len(present)), d
+    lookup = np.cumsum(present) - 1
+    return np.flatnonzero(present) + lo, lookup[d]
 
 
 def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, default: int = 0) -> np.ndarray:
@@ -353,10 +355,8 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     dup = _repeats_within(rq, rc, max(len(c_uni), 1))
     n_dups_req = np.bincount(rq[dup], minlength=n_req)
     rows, rq, rc = rows[~dup], rq[~dup], rc[~dup]
-    seg_start = np.r_[True, rq[1:] != rq[:-1]] if len(rq) else np.zeros(0, bool)
-    first_idx = np.flatnonzero(seg_start)
-    pos = np.arange(len(rq)) - np.repeat(first_idx, np.diff(np.r_[first_idx, len(rq)])) + 1
     n_ret_req = np.bincount(rq, minlength=n_req)
+    first_of_req = np.cumsum(n_ret_req) - n_ret_req  # where each request starts among the kept rows
 
     # -- 5. grades and metrics ------------------------------------------------------------
     qrels = testset.qrels
@@ -366,6 +366,11 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     n_c = np.int64(max(len(c_uni), 1))
     lab_key = qr_q[found].astype(np.int64) * n_c + qr_c[found]
     grade = _lookup(q_code[rows] * n_c + rc, lab_key, qrels["grade"].to_numpy()[found].astype(np.int8))
+    # every metric sums over relevant rows only (a grade-0 row adds nothing), so only they go on,
+    # each with its 1-based position among its request's kept rows
+    rel = np.flatnonzero(grade >= 1)
+    rq_rel = rq[rel]
+    pos = rel - first_of_req[rq_rel] + 1
 
     # scored requests, renumbered 0..n_sc-1
     sc = np.flatnonzero(r_scored)
@@ -378,7 +383,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     ideal_q = ideal["q"].to_numpy()
     ideal_pos = ideal.groupby("q", sort=False).cumcount().to_numpy() + 1
     n_rel = np.bincount(ideal_q, minlength=len(ts_q))
-    rl = RankedLists(req=new_id[rq], pos=pos, grade=grade, n_req=len(sc), req_query=r_ts[sc], n_q=len(ts_q),
+    rl = RankedLists(req=new_id[rq_rel], pos=pos, grade=grade[rel], n_req=len(sc), req_query=r_ts[sc], n_q=len(ts_q),
                      n_rel=n_rel, ideal_q=ideal_q, ideal_pos=ideal_pos, ideal_grade=ideal["g"].to_numpy())
     values = {m.name: compute(rl, m) for m in mets}
 
