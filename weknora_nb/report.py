@@ -51,6 +51,18 @@ class Report:
     headline: dict[str, Any] = field(default_factory=dict)
 
 
+def _kernel_manager_class():
+    """Kernels talk to papermill over local IPC sockets: nothing listens on TCP, and ipykernel
+    does not warn about an unencrypted TCP transport on every notebook."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, **kw: Any):
+            kw.setdefault("transport", "ipc")
+            super().__init__(**kw)
+    return IPCKernelManager
+
+
 def notebooks_dir() -> Path:
     """``notebooks/`` of this checkout."""
     return Path(__file__).resolve().parents[1] / "notebooks"
@@ -152,7 +164,8 @@ def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, 
         t0 = time.perf_counter()
         try:
             pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, progress_bar=False,
-                                log_output=False, cwd=str(run_dir.parent))
+                                log_output=False, cwd=str(run_dir.parent),
+                                kernel_manager_class=_kernel_manager_class())
         except pm.PapermillExecutionError as exc:
             _to_html(dst, page, no_input=False)
             _embed_font([page])
