@@ -296,7 +296,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
         if inventory:
             try:
                 inv = await _inventory(client, kb_ids)
-                write_results_like(inv, run_dir / CHUNKS)
+                write_results(inv, run_dir / CHUNKS)  # any frame: an atomic Parquet write
                 manifest["inventory"] = {"chunks": len(inv), "knowledge": int(inv["knowledge_id"].nunique())
                                          if len(inv) else 0}
             except WeKnoraError as exc:
@@ -321,14 +321,6 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     summary = RunSummary(run_dir, counts, len(todo), n_skipped, time.perf_counter() - t_start, complete, failed)
     log.info(summary.describe())
     return summary
-
-
-def write_results_like(df: pd.DataFrame, path: Path) -> None:
-    """Atomic Parquet write of any frame."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
 
 
 async def _inventory(client: WeKnoraClient, kb_ids: list[str]) -> pd.DataFrame:
