@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pandas as pd
 import pytest
 
 from weknora_nb.results import _coerce
-
-# ranx's numba kernels warn about an internal cast; it says nothing about our code
-warnings.filterwarnings("ignore", message=".*unsafe cast.*")
 
 
 def results_frame(rows: list[tuple]) -> pd.DataFrame:
