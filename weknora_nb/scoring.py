@@ -276,7 +276,9 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     q_code, q_uni = _codes(df["query_id"])
     s_code, s_uni = _codes(df["stage"])
     rep_uni, rep_code = _small_ints(df["repeat"].to_numpy(dtype=np.int64))
-    rank = df["rank"].to_numpy(dtype=np.float64, na_value=0).astype(np.int64)
+    rank_col = df["rank"]
+    rank = (rank_col.to_numpy(dtype=np.int64) if rank_col.dtype == np.int64  # no missing rank: no conversion
+            else rank_col.to_numpy(dtype=np.float64, na_value=0).astype(np.int64))
     c_code, c_uni = _codes(df["chunk_id"])
     st_code, st_uni = _codes(df["status"])
     if (st_code < 0).any():  # an empty status means ok
