@@ -197,10 +197,11 @@ def compare_runs(paths: list[str | Path] | list[Run], *, stage: str | None = Non
     base = runs[0]
     warnings: list[str] = []
     rows, pq_rows = [], []
+    a = base.scores.per_query_mean()
+    a = a[a["stage"] == stage].set_index("query_id")
     for other in runs[1:]:
-        a = base.scores.per_query_mean()
         b = other.scores.per_query_mean()
-        a, b = a[a["stage"] == stage].set_index("query_id"), b[b["stage"] == stage].set_index("query_id")
+        b = b[b["stage"] == stage].set_index("query_id")
         qids = a.index.intersection(b.index)
         n = len(qids)
         w = significance_warning(n)
