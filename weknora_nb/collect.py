@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import platform
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -40,6 +39,7 @@ import pandas as pd
 from . import __version__
 from .client import ClientSettings, WeKnoraClient, WeKnoraError, redact_url
 from .errors import WeknoraNbError
+from .files import atomic_path
 from .results import write_results
 from .stages import Stage, resolve_stages
 from .testset import TestSet, load_testset
@@ -86,12 +86,10 @@ def _now() -> str:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, ensure_ascii=False, indent=2)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def read_checkpoint(path: str | Path) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -381,12 +379,10 @@ def _write_answers(done: dict, path: Path) -> None:
     recs = [r for r in done.values() if "answer" in r]
     if not recs:
         return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for r in sorted(recs, key=lambda r: (r["stage"], r["repeat"], r["query_id"])):
             fh.write(json.dumps({k: r[k] for k in ("query_id", "stage", "repeat", "answer", "citations")},
                                 ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def collect(*args: Any, **kwargs: Any) -> RunSummary:

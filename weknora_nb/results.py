@@ -21,8 +21,6 @@ files (:func:`read_trec_run`, :func:`write_trec_run`).
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import Problem, ResultsError
+from .files import atomic_path
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
-           "read_trec_run", "write_trec_run", "validate_results", "empty_results", "expand_sub_chunks"]
+           "read_trec_run", "write_trec_run", "validate_results", "expand_sub_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +45,6 @@ _FLOATS = ("score", "latency_ms", "base_score", "model_score")
 #: categorical on read: few distinct values, many rows
 _CATEGORIES = ("query_id", "stage", "chunk_id", "status", "knowledge_id")
 MAX_PROBLEMS = 200
-
-
-def empty_results() -> pd.DataFrame:
-    """A results table with no row and every column typed."""
-    return _coerce(pd.DataFrame({c: [] for c in REQUIRED_COLUMNS + ("status",)}), "<memory>", [])
 
 
 def read_results(path: str | Path, *, validate: bool = True) -> pd.DataFrame:
@@ -174,28 +168,21 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
 def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     """Write a results table atomically (temp file + rename) as Parquet, CSV or JSONL."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     suffix = p.suffix.lower()
     out = df.copy(deep=False)
     for c in out.columns:
         if isinstance(out[c].dtype, pd.CategoricalDtype):
             out[c] = out[c].astype("string")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
+    if suffix not in (".parquet", ".pq", ".csv", ".jsonl", ".ndjson", ".json"):
+        raise ValueError(f"unsupported results format {suffix!r}; expected .parquet, .csv or .jsonl")
+    with atomic_path(p) as tmp:
         if suffix in (".parquet", ".pq"):
             table = pa.Table.from_pandas(out, preserve_index=False)
             pq.write_table(table, tmp)
         elif suffix == ".csv":
             out.to_csv(tmp, index=False, encoding="utf-8")
-        elif suffix in (".jsonl", ".ndjson", ".json"):
-            out.to_json(tmp, orient="records", lines=True, force_ascii=False)
         else:
-            raise ValueError(f"unsupported results format {suffix!r}; expected .parquet, .csv or .jsonl")
-        os.replace(tmp, p)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            out.to_json(tmp, orient="records", lines=True, force_ascii=False)
     return p
 
 

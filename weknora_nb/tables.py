@@ -14,7 +14,6 @@ import pandas as pd
 
 from .scoring import Scores
 from .stats import bootstrap_ci
-from .tiers import thresholds
 
 __all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table"]
 
@@ -54,15 +53,6 @@ def style_tiers(table: pd.DataFrame, *, domain_adjustment: float = 0.0):
     if domain_adjustment:
         caption += f" (thresholds lowered by {domain_adjustment:.0%} for a specialised domain)"
     return text.style.apply(colour, axis=0).format(escape="html").set_caption(caption)
-
-
-def thresholds_table(domain_adjustment: float = 0.0) -> pd.DataFrame:
-    """The acceptance thresholds in force (METHOD.md section 4)."""
-    from .tiers import THRESHOLDS
-
-    rows = [{"metric": m, **dict(zip(("excellent", "good", "pass"), thresholds(m, domain_adjustment)))}
-            for m in THRESHOLDS]
-    return pd.DataFrame(rows)
 
 
 def html_table(df: pd.DataFrame, **kw: Any) -> str:

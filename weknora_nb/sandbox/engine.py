@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -34,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..files import atomic_path
 from .chunking import Chunk
 from .tokenize import tokenize
 
@@ -222,9 +222,10 @@ class Embedder:
     def write_seed(self, texts: Sequence[str], folder: Path) -> Path:
         """Write the embeddings of exactly ``texts`` to ``folder`` (the read-only seed shipped with data)."""
         vecs = self.passages(texts)
-        folder.mkdir(parents=True, exist_ok=True)
         f = folder / f"embeddings-{self.name}.npz"
-        np.savez_compressed(f, keys=np.array([self.key(t) for t in texts], dtype="U64"), vecs=vecs.astype(np.float32))
+        with atomic_path(f) as tmp:
+            np.savez_compressed(tmp, keys=np.array([self.key(t) for t in texts], dtype="U64"),
+                                vecs=vecs.astype(np.float32))
         return f
 
     def _load_cache(self, f: Path | None) -> dict[str, np.ndarray]:
@@ -241,13 +242,10 @@ class Embedder:
         f = self._cache_file()
         if f is None or not cache:
             return
-        f.parent.mkdir(parents=True, exist_ok=True)
         keys = np.array(list(cache), dtype="U64")
         vecs = np.stack(list(cache.values())).astype(np.float32)
-        fd, tmp = tempfile.mkstemp(dir=f.parent, suffix=".npz")
-        os.close(fd)
-        np.savez(tmp, keys=keys, vecs=vecs)
-        os.replace(tmp, f)
+        with atomic_path(f) as tmp:
+            np.savez(tmp, keys=keys, vecs=vecs)
 
 
 class UseEmbedder(Embedder):
