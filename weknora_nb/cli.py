@@ -19,13 +19,11 @@ log = logging.getLogger("weknora_nb")
 
 def _cmd_score(args: argparse.Namespace) -> int:
     from .report_text import format_scores
-    from .results import read_results
     from .scoring import score
     from .testset import load_testset
 
     ts = load_testset(args.testset)
-    res = read_results(args.results)
-    sc = score(ts, res, args.metrics, stages=args.stage or None, domain_adjustment=args.domain_adjustment,
+    sc = score(ts, args.results, args.metrics, stages=args.stage or None, domain_adjustment=args.domain_adjustment,
                source=args.results)
     if args.json:
         print(json.dumps(sc.to_json_dict(), ensure_ascii=False, indent=None if args.compact else 2))

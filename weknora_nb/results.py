@@ -21,18 +21,21 @@ files (:func:`read_trec_run`, :func:`write_trec_run`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import Problem, ResultsError
 from .files import atomic_path
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
-           "read_trec_run", "write_trec_run", "validate_results", "expand_sub_chunks"]
+           "read_trec_run", "write_trec_run", "validate_results", "expand_sub_chunks", "ResultCodes",
+           "read_results_for_scoring"]
 
 log = logging.getLogger(__name__)
 
@@ -129,40 +132,296 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
     """Row-level checks (vectorised); raise :class:`ResultsError` listing every problem.
 
     Structural checks that need the rows grouped by request (a rank given twice, a
-    request both failed and with chunks) run when scoring (see ``scoring.prepare``).
+    request both failed and with chunks) run when scoring.
     """
     problems = problems if problems is not None else []
-    df = df.reset_index(drop=True)
-
-    def blank(c: str) -> np.ndarray:
-        s = df[c]
-        if isinstance(s.dtype, pd.CategoricalDtype):
-            cats = s.cat.categories
-            cats_blank = np.append((cats.astype("string").str.strip() == "").to_numpy(dtype=bool, na_value=True),
-                                   True)
-            codes = s.cat.codes.to_numpy()
-            return cats_blank[np.where(codes < 0, len(cats_blank) - 1, codes)]
-        return (s.isna() | (s.astype("string").str.strip() == "")).to_numpy(dtype=bool)
-
-    for c in ("query_id", "stage"):
-        _report(problems, path, np.flatnonzero(blank(c)), c, "must not be empty", first_row)
-    _report(problems, path, np.flatnonzero(blank("status")), "status", "must not be empty (use 'ok')", first_row)
-    rep = df["repeat"]
-    _report(problems, path, np.flatnonzero((rep.isna() | (rep < 1)).to_numpy(dtype=bool, na_value=True)),
-            "repeat", "must be an integer >= 1", first_row, rep)
-    ok = (df["status"] == "ok").to_numpy(dtype=bool, na_value=False)
-    has_chunk = ~blank("chunk_id")
-    rank = df["rank"]
-    rank_na = rank.isna().to_numpy(dtype=bool)
-    _report(problems, path, np.flatnonzero(has_chunk & rank_na), "rank", "is empty for a returned chunk", first_row)
-    low = (~rank_na) & (rank.fillna(1).to_numpy(dtype=np.int64) < 1)
-    _report(problems, path, np.flatnonzero(low), "rank", "must be >= 1 (ranks are 1-based)", first_row, rank)
-    _report(problems, path, np.flatnonzero(~ok & has_chunk), "chunk_id",
-            "a failed request (status other than 'ok') must carry no chunk", first_row)
-    _report(problems, path, np.flatnonzero(ok & ~has_chunk & ~rank_na), "chunk_id",
-            "is empty but a rank is given (an empty result is one row with no rank and no chunk)", first_row)
+    ResultCodes.from_frame(df).check(path, first_row=first_row, problems=problems)
     if problems:
         raise ResultsError(path, problems)
+
+
+@dataclass
+class ResultCodes:
+    """The columns scoring needs, one entry per results row, strings as integer codes.
+
+    ``query``, ``stage``, ``chunk`` and ``status`` are codes into ``queries``,
+    ``stages``, ``chunks`` and ``statuses`` (object arrays of str); -1 marks an empty
+    value (missing, or only whitespace). ``rank`` and ``repeat`` are int64, 0 where the
+    matching ``*_na`` mask (None when nothing is missing) is True.
+    """
+
+    query: np.ndarray
+    queries: np.ndarray
+    stage: np.ndarray
+    stages: np.ndarray
+    repeat: np.ndarray
+    rank: np.ndarray
+    chunk: np.ndarray
+    chunks: np.ndarray
+    status: np.ndarray
+    statuses: np.ndarray
+    repeat_na: np.ndarray | None = None
+    rank_na: np.ndarray | None = None
+    latency_ms: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.query)
+
+    def take(self, idx: np.ndarray) -> "ResultCodes":
+        """The rows at positions ``idx``, in that order."""
+        def t(a):
+            return None if a is None else a[idx]
+        return ResultCodes(self.query[idx], self.queries, self.stage[idx], self.stages, self.repeat[idx],
+                           self.rank[idx], self.chunk[idx], self.chunks, self.status[idx], self.statuses,
+                           t(self.repeat_na), t(self.rank_na), t(self.latency_ms))
+
+    @classmethod
+    def from_frame(cls, df: pd.DataFrame) -> "ResultCodes":
+        """From a results table as :func:`read_results` returns it."""
+        if "status" in df.columns:
+            st, sts = _frame_codes(df["status"])
+        else:
+            st, sts = np.zeros(len(df), np.int8), np.array(["ok"], dtype=object)
+        rep, rep_na = _frame_ints(df["repeat"])
+        rank, rank_na = _frame_ints(df["rank"])
+        lat = df["latency_ms"].to_numpy(dtype=np.float64, na_value=np.nan) if "latency_ms" in df.columns else None
+        return cls(*_frame_codes(df["query_id"]), *_frame_codes(df["stage"]), rep, rank, *_frame_codes(df["chunk_id"]),
+                   st, sts, rep_na, rank_na, lat)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, constant: dict | None = None) -> "ResultCodes | None":
+        """From a pyarrow Table without going through pandas; None when a column's type
+        needs the coercion (and its messages) of :func:`read_results`. ``constant`` gives
+        columns left out of ``table`` that hold one value throughout."""
+        const = constant or {}
+        n = table.num_rows
+        names = set(table.column_names) | set(const)
+        if any(c not in names for c in ("query_id", "stage", "repeat", "rank", "chunk_id")):
+            return None
+        types = {c: table.schema.field(c).type for c in table.column_names}
+        if any(c in types and not _arrow_is_text(types[c]) for c in ("query_id", "stage", "chunk_id", "status")):
+            return None
+        if any(c in types and not pa.types.is_integer(types[c]) for c in ("repeat", "rank")):
+            return None
+        if "latency_ms" in types and not (pa.types.is_floating(types["latency_ms"])
+                                          or pa.types.is_integer(types["latency_ms"])):
+            return None
+
+        def codes(name: str) -> tuple[np.ndarray, np.ndarray]:
+            if name in const:
+                return _blank_as_missing(np.broadcast_to(np.int8(0), (n,)), np.array([const[name]], dtype=object))
+            if name not in types:  # no status column: every request succeeded
+                return np.broadcast_to(np.int8(0), (n,)), np.array(["ok"], dtype=object)
+            return _arrow_codes(table.column(name))
+
+        def ints(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+            if name in const:
+                return np.broadcast_to(np.int64(const[name]), (n,)), None
+            return _arrow_ints(table.column(name))
+
+        lat = table.column("latency_ms").cast(pa.float64()).to_numpy() if "latency_ms" in types else None
+        (rep, rep_na), (rank, rank_na) = ints("repeat"), ints("rank")
+        return cls(*codes("query_id"), *codes("stage"), rep, rank, *codes("chunk_id"), *codes("status"),
+                   rep_na, rank_na, lat)
+
+    def check(self, path: str, *, first_row: int = 1, problems: list[Problem] | None = None,
+              row_numbers: np.ndarray | None = None) -> list[Problem]:
+        """Append a :class:`Problem` per bad row (field named) to ``problems`` and return it.
+
+        ``row_numbers`` maps positions to 0-based rows of the caller's table when the
+        codes are a selection of it.
+        """
+        problems = problems if problems is not None else []
+
+        def report(mask: np.ndarray, field: str, message: str, values: np.ndarray | None = None,
+                   na: np.ndarray | None = None) -> None:
+            for r in np.flatnonzero(mask)[: max(0, MAX_PROBLEMS - len(problems))]:
+                shown = ""
+                if values is not None:
+                    shown = ", got <NA>" if na is not None and na[r] else f", got {int(values[r])!r}"
+                row = int(row_numbers[r]) if row_numbers is not None else int(r)
+                problems.append(Problem(path, row + first_row, field, message + shown,
+                                        "line" if first_row > 1 else "row"))
+
+        def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (a reduction, no mask)
+            return bool(len(a)) and int(a.min()) < bound
+
+        if low(self.query, 0):
+            report(self.query < 0, "query_id", "must not be empty")
+        if low(self.stage, 0):
+            report(self.stage < 0, "stage", "must not be empty")
+        if low(self.status, 0):
+            report(self.status < 0, "status", "must not be empty (use 'ok')")
+        if self.repeat_na is not None or low(self.repeat, 1):
+            bad_rep = self.repeat < 1
+            report(bad_rep if self.repeat_na is None else bad_rep | self.repeat_na, "repeat",
+                   "must be an integer >= 1", self.repeat, self.repeat_na)
+        ok_code = np.flatnonzero(self.statuses == "ok")
+        ok_c = int(ok_code[0]) if len(ok_code) else -2
+        all_ok = not len(self) or int(self.status.min()) == int(self.status.max()) == ok_c
+        all_chunks = not low(self.chunk, 0)
+        if all_ok and all_chunks and self.rank_na is None:
+            if low(self.rank, 1):
+                report(self.rank < 1, "rank", "must be >= 1 (ranks are 1-based)", self.rank)
+            return problems  # the usual case: nothing else can be wrong
+        ok = self.status == ok_c
+        has_chunk = self.chunk >= 0
+        if self.rank_na is not None:
+            report(has_chunk & self.rank_na, "rank", "is empty for a returned chunk")
+            given = ~self.rank_na
+            report(given & (self.rank < 1), "rank", "must be >= 1 (ranks are 1-based)", self.rank)
+        else:
+            given = None
+            report(self.rank < 1, "rank", "must be >= 1 (ranks are 1-based)", self.rank)
+        report(~ok & has_chunk, "chunk_id", "a failed request (status other than 'ok') must carry no chunk")
+        empty = ok & ~has_chunk
+        report(empty if given is None else empty & given, "chunk_id",
+               "is empty but a rank is given (an empty result is one row with no rank and no chunk)")
+        return problems
+
+
+def _blank_as_missing(codes: np.ndarray, values: np.ndarray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Codes with -1 for values that are empty or only whitespace, and the values as an object array."""
+    arr = values if isinstance(values, pa.Array) else pa.array(values, type=pa.string())
+    if pa.types.is_dictionary(arr.type) or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    blank = pc.equal(pc.utf8_trim_whitespace(arr), "").fill_null(True).to_numpy(zero_copy_only=False)
+    if blank.any():
+        lut = np.append(np.where(blank, -1, np.arange(len(blank))), -1)  # the last slot serves code -1
+        codes = lut[codes]
+    return codes, np.asarray(arr.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _frame_codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        codes, uniques = s.cat.codes.to_numpy(), s.cat.categories
+    else:
+        codes, uniques = pd.factorize(s, use_na_sentinel=True)
+    return _blank_as_missing(codes, np.asarray(pd.Index(uniques).astype(str), dtype=object))
+
+
+def _frame_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
+    if s.dtype == np.int64:
+        return s.to_numpy(), None
+    na = s.isna().to_numpy(dtype=bool)
+    values = s.to_numpy(dtype=np.float64, na_value=0).astype(np.int64)
+    return values, (na if na.any() else None)
+
+
+def _arrow_is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
+
+
+def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (-1 for null or blank) and distinct values of a string or dictionary column.
+
+    A Parquet file holds one dictionary per row group, usually the same one: then the
+    stored indices are the codes; otherwise the dictionaries are merged and each chunk's
+    indices are translated.
+    """
+    if pa.types.is_null(col.type):
+        return np.full(len(col), -1, np.int32), np.zeros(0, dtype=object)
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    chunks = [ch for ch in col.chunks if len(ch)]
+    if not chunks:
+        return np.zeros(0, np.int32), np.zeros(0, dtype=object)
+    distinct: dict[tuple[int, int], pa.Array] = {}
+    for ch in chunks:
+        distinct.setdefault((ch.dictionary.buffers()[1].address, len(ch.dictionary)), ch.dictionary)
+    dicts = list(distinct.values())
+    if all(d.equals(dicts[0]) for d in dicts[1:]):
+        if len(dicts[0]) == 1 and not col.null_count:  # one value throughout (a stage, "ok"): no array needed
+            return _blank_as_missing(np.broadcast_to(np.int8(0), (len(col),)), dicts[0])
+        indices = pa.chunked_array([ch.indices for ch in chunks])
+        if indices.null_count:
+            indices = pc.fill_null(indices, -1)
+        return _blank_as_missing(indices.to_numpy(), dicts[0])
+    merged = pc.dictionary_encode(pa.concat_arrays([d.cast(pa.string()) for d in dicts]))
+    all_codes = merged.indices.to_numpy()
+    luts, at = {}, 0
+    for key, d in distinct.items():
+        lut = np.empty(len(d) + 1, np.int32)  # the last slot serves null
+        lut[:-1], lut[-1] = all_codes[at:at + len(d)], -1
+        luts[key] = lut
+        at += len(d)
+    out = np.empty(len(col), np.int32)
+    at = 0
+    for ch in chunks:
+        idx = ch.indices if not ch.indices.null_count else pc.fill_null(ch.indices, -1)
+        np.take(luts[(ch.dictionary.buffers()[1].address, len(ch.dictionary))], idx.to_numpy(),
+                out=out[at:at + len(ch)])
+        at += len(ch)
+    return _blank_as_missing(out, merged.dictionary)
+
+
+def _arrow_ints(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Values (0 where null, int32 when they fit, a read-only view when constant) and the null mask."""
+    na = None
+    if col.null_count:
+        na = col.is_null().to_numpy()
+        col = pc.fill_null(col, 0)
+    lo_hi = pc.min_max(col).as_py()
+    lo, hi = (lo_hi["min"] or 0), (lo_hi["max"] or 0)
+    if lo == hi and len(col):
+        return np.broadcast_to(np.int64(lo), (len(col),)), na
+    out = np.empty(len(col), np.int32 if -(1 << 31) <= lo and hi < (1 << 31) else np.int64)
+    at = 0
+    for ch in col.chunks:  # chunk by chunk into one array: no intermediate copy of the column
+        out[at:at + len(ch)] = ch.to_numpy()
+        at += len(ch)
+    return out, na
+
+
+def _constant_column(meta: pq.FileMetaData, name: str) -> str | int | None:
+    """The single value of column ``name`` when the file's statistics show it holds one value
+    and no null in every row group (string values under 64 bytes, never truncated), else None."""
+    index = meta.schema.names.index(name)
+    value = None
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(index).statistics
+        if st is None or not st.has_min_max or not st.has_null_count or st.null_count or st.min != st.max:
+            return None
+        if value is not None and st.min != value:
+            return None
+        value = st.min
+    if isinstance(value, bytes) or (isinstance(value, str) and len(value.encode()) >= 64):
+        return None
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+
+
+def read_results_for_scoring(path: str | Path) -> pd.DataFrame | ResultCodes:
+    """What :func:`weknora_nb.score` reads when given a path.
+
+    A Parquet file whose columns have the results-table types is read straight into
+    :class:`ResultCodes` (only the columns scoring needs, no pandas conversion) and its
+    rows are checked as :func:`read_results` would; any other file, or one with merged
+    results to unfold (``sub_chunk_ids``), goes through :func:`read_results`.
+    """
+    p = Path(path)
+    if p.suffix.lower() not in (".parquet", ".pq") or not p.exists():
+        return read_results(p)
+    meta = pq.read_metadata(p)
+    names = meta.schema.names
+    if "sub_chunk_ids" in names:
+        subs = pq.read_table(p, columns=["sub_chunk_ids"]).column("sub_chunk_ids")
+        if pa.types.is_string(subs.type) or pa.types.is_large_string(subs.type):
+            if pc.any(pc.invert(pc.is_in(pc.utf8_trim_whitespace(subs), pa.array(["", "[]"])))).as_py():
+                return read_results(p)
+    constant = {c: v for c, kind in (("stage", str), ("repeat", int), ("status", str)) if c in names
+                for v in [_constant_column(meta, c)] if isinstance(v, kind)}
+    wanted = [c for c in ("query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms")
+              if c in names and c not in constant]
+    table = pq.read_table(p, columns=wanted, read_dictionary=[c for c in _CATEGORIES if c in wanted])
+    codes = ResultCodes.from_arrow(table, constant)
+    if codes is None:
+        return read_results(p)
+    problems = codes.check(str(p))
+    if problems:
+        raise ResultsError(p, problems)
+    return codes
 
 
 def write_results(df: pd.DataFrame, path: str | Path) -> Path:

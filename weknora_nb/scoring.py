@@ -17,15 +17,18 @@ the mean of its repeat figures, with their spread (std, min, max).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .errors import Problem, ResultsError
 from .metrics import Metric, RankedLists, compute, parse_metrics
-from .results import expand_sub_chunks
+from .results import ResultCodes, expand_sub_chunks, read_results_for_scoring
 from .testset import MIN_VALID_QUERIES, TestSet
 from .tiers import tier
 
@@ -35,6 +38,10 @@ __all__ = ["Scores", "score", "PIPELINE"]
 PIPELINE = ("vector", "keyword", "hybrid", "final", "citations")
 
 log = logging.getLogger(__name__)
+
+#: padding cells a grid of requests x longest list may hold beyond 4 per row before the
+#: long lists are cut to their first K_max distinct chunks by hashing instead
+GRID_SLACK = 1_000_000
 
 
 @dataclass
@@ -151,29 +158,8 @@ def _str(x) -> str | None:
     return x if isinstance(x, str) else None
 
 
-def _codes(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes (-1 for missing) and the distinct values (object array of str) of a column."""
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(dtype=np.int64), np.asarray(s.cat.categories.astype(str), dtype=object)
-    codes, uniques = pd.factorize(s, use_na_sentinel=True)
-    return codes.astype(np.int64), np.asarray(pd.Index(uniques).astype(str), dtype=object)
-
-
-def _small_ints(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct values, codes) of an array of small non-negative integers, in O(n)."""
-    if not len(a):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    lo = int(a.min())
-    d = a - lo
-    present = np.bincount(d) > 0
-    if present.all():  # the usual case: repeats 1..N all present
-        return np.arange(lo, lo + len(present)), d
-    lookup = np.cumsum(present) - 1
-    return np.flatnonzero(present) + lo, lookup[d]
-
-
 def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, default: int = 0) -> np.ndarray:
-    """``table_values`` at the position of each of ``keys`` in ``table_keys`` (unique), else ``default``.
+    """``table_values`` at the position of each of ``keys`` in ``table_keys`` (sorted, unique), else ``default``.
 
     Most keys are usually absent, so a hashed byte filter (one multiply and one gather
     per key) sets them aside before the exact binary search runs on the few candidates.
@@ -181,60 +167,116 @@ def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, 
     out = np.full(len(keys), default, dtype=table_values.dtype)
     if not len(table_keys) or not len(keys):
         return out
-    order = np.argsort(table_keys)
-    tk, tv = table_keys[order], table_values[order]
-    bits = int(min(26, max(16, np.ceil(np.log2(len(tk) * 16)))))
+    bits = int(min(26, max(16, np.ceil(np.log2(len(table_keys) * 16)))))
     shift = np.uint64(64 - bits)
     mult = np.uint64(0x9E3779B97F4A7C15)
     bloom = np.zeros(1 << bits, dtype=np.bool_)
-    bloom[(tk.astype(np.uint64) * mult) >> shift] = True
+    bloom[(table_keys.astype(np.uint64) * mult) >> shift] = True
     cand = np.flatnonzero(bloom[(keys.astype(np.uint64) * mult) >> shift])
-    at = np.searchsorted(tk, keys[cand])
-    at_c = np.minimum(at, len(tk) - 1)
-    found = tk[at_c] == keys[cand]
-    out[cand[found]] = tv[at_c[found]]
+    at = np.minimum(np.searchsorted(table_keys, keys[cand]), len(table_keys) - 1)
+    found = table_keys[at] == keys[cand]
+    out[cand[found]] = table_values[at[found]]
     return out
 
 
-def _repeats_within(group: np.ndarray, value: np.ndarray, n_values: int) -> np.ndarray:
-    """True for each row whose value already appeared earlier in the same group.
+@dataclass
+class _Relevance:
+    """The labels scoring needs, as integer keys: grade >= 1 only (grade 0 adds nothing anywhere)."""
 
-    ``group`` is sorted (rows of a group are contiguous and in order). Lists are short,
-    so each group is laid out as a row of a padded matrix and sorted row-wise to find
-    the few groups holding a repeat; only their rows go through the exact hash check.
+    chunks: np.ndarray      # distinct chunk ids with a grade >= 1 somewhere
+    keys: np.ndarray        # sorted query_index * len(chunks) + chunk_index
+    grades: np.ndarray      # int8, aligned with keys
+    n_rel: np.ndarray       # per test-set query: chunks of grade >= 1
+    ideal_q: np.ndarray     # the ideal rankings (grades descending), flattened
+    ideal_pos: np.ndarray
+    ideal_grade: np.ndarray
+
+    @classmethod
+    def of(cls, testset: TestSet) -> "_Relevance":
+        qrels = testset.qrels
+        g = qrels["grade"].to_numpy()
+        rel = pa.array(g >= 1)
+        q = _index_in(_text(qrels["query_id"]).filter(rel), testset.queries["query_id"])
+        g = g[g >= 1].astype(np.int8)
+        enc = pc.dictionary_encode(_text(qrels["chunk_id"]).filter(rel))
+        c_code, chunks = enc.indices.to_numpy().astype(np.int64), enc.dictionary.to_numpy(zero_copy_only=False)
+        keys = q * max(len(chunks), 1) + c_code
+        order = np.argsort(keys, kind="stable")
+        ideal = np.argsort(q * 4 + (3 - g), kind="stable")
+        ideal_q = q[ideal]
+        n_rel = np.bincount(q, minlength=len(testset.queries))
+        first = np.cumsum(n_rel) - n_rel
+        return cls(chunks, keys[order], g[order], n_rel, ideal_q,
+                   np.arange(len(ideal_q)) - first[ideal_q] + 1, g[ideal])
+
+
+def _text(x) -> pa.Array:
+    """A column of strings (Series, array, or Arrow) as an Arrow large_string array."""
+    a = x if isinstance(x, pa.Array) else pa.array(x.array if isinstance(x, pd.Series) else x)
+    if pa.types.is_dictionary(a.type):
+        a = a.dictionary_decode()
+    return a.cast(pa.large_string())
+
+
+def _index_in(values, value_set) -> np.ndarray:
+    """Position (int64) of each of ``values`` in ``value_set`` (distinct strings), -1 where absent."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    if not len(value_set):
+        return np.full(len(values), -1, np.int64)
+    found = pc.index_in(_text(values), value_set=_text(value_set))
+    return found.fill_null(-1).to_numpy().astype(np.int64)
+
+
+def _first_k_distinct(grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of ``grid`` (values >= 0, padding < 0): the first ``k`` distinct values
+    in row order (padded with -1) and the number of repeated values in the row.
+
+    A sorted copy of each row finds the rows holding a repeat; only those are argsorted
+    to tell first occurrences from repeats, and compacted (lists are short, repeats rare).
     """
-    n = len(group)
-    out = np.zeros(n, dtype=bool)
-    if n < 2:
-        return out
-    starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
-    lengths = np.diff(np.r_[starts, n])
-    width = int(lengths.max())
-    suspect_rows = np.ones(n, dtype=bool)
-    if len(starts) * width <= 4 * n + 1_000_000:
-        col = np.arange(n) - np.repeat(starts, lengths)
-        grid = np.broadcast_to(-1 - np.arange(width, dtype=np.int64), (len(starts), width)).copy()
-        grid[np.repeat(np.arange(len(starts)), lengths), col] = value
-        grid.sort(axis=1)
-        suspect = (grid[:, 1:] == grid[:, :-1]).any(axis=1)
-        suspect_rows = np.repeat(suspect, lengths)
-    idx = np.flatnonzero(suspect_rows)
-    if len(idx):
-        key = group[idx].astype(np.int64) * np.int64(n_values) + value[idx]
-        out[idx] = pd.Series(key).duplicated(keep="first").to_numpy()
-    return out
+    n_rows, width = grid.shape
+    top = np.maximum(grid[:, :k], -1)
+    n_dup = np.zeros(n_rows, np.int64)
+    if width < 2 or not n_rows:
+        return top, n_dup
+    # in blocks of rows: small temporaries are recycled instead of freshly mapped each time
+    block = max(1, (1 << 21) // width)
+    suspect = np.concatenate([
+        np.unique(np.flatnonzero(np.diff(np.sort(grid[i:i + block], axis=1), axis=1) == 0) // (width - 1)) + i
+        for i in range(0, n_rows, block)])
+    if not len(suspect):
+        return top, n_dup
+    # within a suspect row, sorting value * width + position puts equal values together, earliest first
+    sub = grid[suspect]
+    srt = np.sort(sub.astype(np.int64) * width + np.arange(width), axis=1)
+    value, at = srt // width, srt % width
+    repeat = np.zeros(sub.shape, bool)
+    repeat[:, 1:] = (value[:, 1:] == value[:, :-1]) & (value[:, 1:] >= 0)
+    dup = np.zeros(sub.shape, bool)
+    np.put_along_axis(dup, at, repeat, axis=1)
+    n_dup[suspect] = dup.sum(axis=1)
+    keep = (sub >= 0) & ~dup
+    at = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # kept cells first, in row order
+    vals = np.take_along_axis(sub, at, axis=1)
+    vals[~np.take_along_axis(keep, at, axis=1)] = -1
+    top[suspect] = vals
+    return top, n_dup
 
 
-def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metric] | str | None = None, *,
+def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.PathLike",
+          metrics: Iterable[str | Metric] | str | None = None, *,
           stages: Iterable[str] | None = None, domain_adjustment: float = 0.0, sub_chunks: str = "expand",
-          source: str = "<results>") -> Scores:
+          source: str | None = None) -> Scores:
     """Score ``results`` (the results-table format) against ``testset``.
 
     Parameters
     ----------
     testset : TestSet
-    results : DataFrame
-        As read by :func:`weknora_nb.read_results`.
+    results : DataFrame, or path
+        A results table as read by :func:`weknora_nb.read_results`, or the path of a
+        results file (a Parquet file is then read straight into integer codes, without
+        a pandas table: the fast path for large runs; its rows are validated).
     metrics : list of str, optional
         Metric names (default :data:`weknora_nb.metrics.DEFAULT_METRICS`).
     stages : list of str, optional
@@ -245,8 +287,8 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
         Merged results that absorbed neighbouring chunks (``sub_chunk_ids``): ``expand``
         places each absorbed chunk right after its result (what the user sees);
         ``ignore`` scores only the result's own chunk id.
-    source : str
-        Name used in error messages.
+    source : str, optional
+        Name used in error messages (default: the path, or ``<results>``).
 
     Returns
     -------
@@ -255,7 +297,8 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     Raises
     ------
     ResultsError
-        A request with two statuses, or a rank given twice within a request.
+        A bad row (path input), a request with two statuses, or a rank given twice
+        within a request.
     MetricError
         An unknown metric name.
     """
@@ -263,81 +306,106 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     tier(mets[0].name, 0.0, domain_adjustment)  # validates the adjustment early
     if sub_chunks not in ("expand", "ignore"):
         raise ValueError(f"sub_chunks must be 'expand' or 'ignore'. Got {sub_chunks!r} instead.")
-    df = results
+    if isinstance(results, (str, os.PathLike)):
+        source = source or str(results)
+        results = read_results_for_scoring(results)
+    source = source or "<results>"
     n_expanded = 0
-    if sub_chunks == "expand":
-        df, n_expanded = expand_sub_chunks(df)
+    if isinstance(results, pd.DataFrame):
+        if sub_chunks == "expand":
+            results, n_expanded = expand_sub_chunks(results)
+        rc = ResultCodes.from_frame(results)
+    else:
+        rc = results
+    row_number = None  # position in rc -> 0-based row of the caller's table, when they differ
     if stages is not None:
         stages = list(stages)
-        df = df[df["stage"].astype("string").isin(stages)]
-    n_rows = len(df)
+        wanted = np.append(np.isin(rc.stages, stages), False)  # the last slot serves code -1
+        keep = wanted[rc.stage]
+        if not keep.all():
+            row_number = np.flatnonzero(keep)
+            rc = rc.take(row_number)
+    n_rows = len(rc)
 
-    # -- 1. requests ------------------------------------------------------------------
-    q_code, q_uni = _codes(df["query_id"])
-    s_code, s_uni = _codes(df["stage"])
-    rep_uni, rep_code = _small_ints(df["repeat"].to_numpy(dtype=np.int64))
-    rank_col = df["rank"]
-    rank = (rank_col.to_numpy(dtype=np.int64) if rank_col.dtype == np.int64  # no missing rank: no conversion
-            else rank_col.to_numpy(dtype=np.float64, na_value=0).astype(np.int64))
-    c_code, c_uni = _codes(df["chunk_id"])
-    st_code, st_uni = _codes(df["status"])
-    if (st_code < 0).any():  # an empty status means ok
-        st_uni = np.append(st_uni, "ok") if "ok" not in st_uni else st_uni
-        st_code = np.where(st_code < 0, int(np.flatnonzero(st_uni == "ok")[0]), st_code)
+    # -- 1. requests: runs of rows with the same (query, stage, repeat) -----------------
+    q, s, rep, rank, c = rc.query, rc.stage, rc.repeat, rc.rank, rc.chunk
+    st, st_uni = rc.status, rc.statuses
+    if n_rows and st.min() < 0:  # an empty status means ok
+        if "ok" not in st_uni:
+            st_uni = np.append(st_uni, "ok")
+        st = np.where(st < 0, int(np.flatnonzero(st_uni == "ok")[0]), st)
+    q_uni, s_uni = rc.queries, rc.stages
+    order = None
 
+    def runs(q, s, rep, rank):
+        """Where each run of equal (query, stage, repeat) starts, the break mask, and whether
+        ranks strictly increase within every run."""
+        if not len(q):
+            return np.zeros(0, np.int64), np.zeros(0, bool), True
+        brk = q[1:] != q[:-1]
+        for a in (s, rep):  # a constant column cannot break a run
+            if a.min() != a.max():
+                brk |= a[1:] != a[:-1]
+        starts = np.r_[0, np.flatnonzero(brk) + 1]
+        ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
+        return starts, brk, ordered
+
+    starts, brk, ordered = runs(q, s, rep, rank)
+    rep_uni, r_repc = np.unique(rep[starts], return_inverse=True)
     n_s, n_rep = max(len(s_uni), 1), max(len(rep_uni), 1)
-    req_key = (q_code * n_s + s_code) * n_rep + rep_code
-    key = req_key * (int(rank.max(initial=0)) + 1) + rank
-    step = np.diff(key)
-    if n_rows and np.any(step < 0):
-        order = np.argsort(key, kind="stable")
-        req_key, key, rank = req_key[order], key[order], rank[order]
-        q_code, c_code, st_code = q_code[order], c_code[order], st_code[order]
-        step = np.diff(key)
-    else:
-        order = None
+
+    def request_keys(starts, r_repc):
+        return (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repc
+
+    r_key = request_keys(starts, r_repc)
+    if not ordered or (np.any(r_key[1:] <= r_key[:-1]) and len(np.unique(r_key)) != len(r_key)):
+        # rows of a request are not together, or not in rank order: sort (row order kept for errors)
+        row_req = np.repeat(r_key, np.diff(np.r_[starts, n_rows]))
+        top_rank = int(rank.max(initial=0)) + 1
+        if int(r_key.max(initial=0)) < (1 << 62) // top_rank:
+            order = np.argsort(row_req * top_rank + rank, kind="stable")
+        else:
+            order = np.lexsort((rank, row_req))
+        q, s, rep, rank, c, st = q[order], s[order], rep[order], rank[order], c[order], st[order]
+        starts, brk, ordered = runs(q, s, rep, rank)
+        r_repc = np.searchsorted(rep_uni, rep[starts])
+        r_key = request_keys(starts, r_repc)
 
     def row_of(j: int) -> int:
         """1-based row number in the caller's table of sorted row j."""
-        return (int(order[j]) if order is not None else int(j)) + 1
+        j = int(order[j]) if order is not None else int(j)
+        return (int(row_number[j]) if row_number is not None else j) + 1
 
-    new_req = np.r_[True, req_key[1:] != req_key[:-1]] if n_rows else np.zeros(0, bool)
-    starts = np.flatnonzero(new_req)
-    req_of_row = np.cumsum(new_req) - 1
     n_req = len(starts)
-    r_key = req_key[starts]
-    r_q = r_key // (n_s * n_rep)
-    r_s = (r_key // n_rep) % n_s
-    r_rep = r_key % n_rep
+    lengths = np.diff(np.r_[starts, n_rows])
+    r_q, r_s = q[starts], s[starts]
 
     # -- 2. structure -------------------------------------------------------------------
     problems: list[Problem] = []
-    ok_label = np.flatnonzero(st_uni == "ok")
-    is_ok = st_code == ok_label[0] if len(ok_label) else np.zeros(n_rows, bool)
-    if n_req:
-        lo = np.minimum.reduceat(st_code, starts)
-        hi = np.maximum.reduceat(st_code, starts)
-        for r in np.flatnonzero(lo != hi)[:20]:
+    if n_rows > 1 and st.min() != st.max():
+        mixed = np.flatnonzero((st[1:] != st[:-1]) > brk) + 1
+        for r in np.unique(np.searchsorted(starts, mixed, side="right") - 1)[:20]:
             problems.append(Problem(source, row_of(starts[r]), "status",
-                                    f"request ({q_uni[r_q[r]]!r}, {s_uni[r_s[r]]!r}, repeat {rep_uni[r_rep[r]]}) "
+                                    f"request ({q_uni[r_q[r]]!r}, {s_uni[r_s[r]]!r}, repeat {rep_uni[r_repc[r]]}) "
                                     "has rows with different statuses", "row"))
-    has_chunk = c_code >= 0
-    dup_rank = np.flatnonzero((step == 0) & has_chunk[1:] & has_chunk[:-1]) + 1 if n_rows else []
-    for j in dup_rank[:20]:
-        problems.append(Problem(source, row_of(j), "rank",
-                                f"rank {rank[j]} appears twice in request ({q_uni[q_code[j]]!r}, "
-                                f"{s_uni[s_code[j] if order is None else s_code[order[j]]]!r})", "row"))
+    has_chunk = c >= 0
+    if n_rows > 1 and not ordered:  # ranks within a request are not all increasing: a rank given twice?
+        for j in (np.flatnonzero((rank[1:] == rank[:-1]) & ~brk & has_chunk[1:] & has_chunk[:-1]) + 1)[:20]:
+            problems.append(Problem(source, row_of(j), "rank",
+                                    f"rank {rank[j]} appears twice in request ({q_uni[q[j]]!r}, {s_uni[s[j]]!r})",
+                                    "row"))
     if problems:
         raise ResultsError(source, problems)
 
     # -- 3. what is scored ---------------------------------------------------------------
     ts_q = testset.queries
     ts_index = pd.Index(ts_q["query_id"])
-    q_in_ts = ts_index.get_indexer(pd.Index(q_uni)) if len(q_uni) else np.zeros(0, np.int64)
+    q_in_ts = np.append(_index_in(q_uni, ts_q["query_id"]), -1)  # the last slot serves code -1
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
-    r_ts = q_in_ts[r_q] if n_req else np.zeros(0, np.int64)
-    r_status = st_uni[st_code[starts]] if n_req else np.zeros(0, object)
-    r_ok = is_ok[starts] if n_req else np.zeros(0, bool)
+    r_ts = q_in_ts[r_q]
+    r_status = st_uni[st[starts]] if n_req else np.zeros(0, object)
+    ok_label = np.flatnonzero(st_uni == "ok")
+    r_ok = st[starts] == ok_label[0] if len(ok_label) else np.zeros(n_req, bool)
     r_known = r_ts >= 0
     r_valid = np.zeros(n_req, bool)
     r_valid[r_known] = ts_valid[r_ts[r_known]]
@@ -349,73 +417,94 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     failed = r_known & r_valid & ~r_ok
     reason[failed] = np.char.add("failed: ", r_status[failed].astype(str)) if failed.any() else reason[failed]
 
-    # -- 4. dedupe and positions ----------------------------------------------------------
-    keep_row = np.repeat(r_scored, np.diff(np.r_[starts, n_rows])) & has_chunk
-    rows = np.flatnonzero(keep_row)
-    rq = req_of_row[rows]
-    rc = c_code[rows]
-    dup = _repeats_within(rq, rc, max(len(c_uni), 1))
-    n_dups_req = np.bincount(rq[dup], minlength=n_req)
-    rows, rq, rc = rows[~dup], rq[~dup], rc[~dup]
-    n_ret_req = np.bincount(rq, minlength=n_req)
-    first_of_req = np.cumsum(n_ret_req) - n_ret_req  # where each request starts among the kept rows
+    # -- 4. each scored request as a row of a grid; duplicates out; the first K_max kept ------
+    k_max = max(m.k for m in mets)
+    n_dups_req = np.zeros(n_req, np.int64)
+    if n_req and lengths.min() == lengths.max() and has_chunk.all():
+        # the usual case: every request returned the same number of chunks, so the rows are the grid;
+        # requests not scored are blanked out below
+        kept_len = np.where(r_scored, lengths, 0)
+        grid = c.reshape(n_req, int(lengths[0]))
+    else:
+        keep_row = np.repeat(r_scored, lengths) & has_chunk
+        rows = np.flatnonzero(keep_row)
+        rq = np.repeat(np.arange(n_req), lengths)[rows]
+        rc_ = c[rows]
+        kept_len = np.bincount(rq, minlength=n_req)
+        width = int(kept_len.max(initial=0))
+        if n_req * width > 4 * len(rows) + GRID_SLACK:
+            # a few very long lists among short ones: remove repeats by hashing, keep each request's first K_max
+            dup = pd.Series(rq.astype(np.int64) * max(len(rc.chunks), 1) + rc_).duplicated(keep="first").to_numpy()
+            n_dups_req = np.bincount(rq[dup], minlength=n_req)
+            rq, rc_ = rq[~dup], rc_[~dup]
+            width = k_max
+        n_k = np.bincount(rq, minlength=n_req)
+        col = np.arange(len(rq)) - np.repeat(np.cumsum(n_k) - n_k, n_k)
+        near = col < width
+        pad = -1 - np.arange(width, dtype=np.int64)  # distinct padding: never taken for a repeat
+        grid = np.broadcast_to(pad, (n_req, width)).astype(np.promote_types(c.dtype, np.int32))
+        grid[rq[near], col[near]] = rc_[near]
+    top, n_dup = _first_k_distinct(grid, k_max)
+    n_dups_req += n_dup
+    top[~r_scored] = -1
+    n_dups_req[~r_scored] = 0
+    n_ret_req = kept_len - n_dups_req
+    del grid
 
     # -- 5. grades and metrics ------------------------------------------------------------
-    qrels = testset.qrels
-    qr_q = pd.Index(q_uni).get_indexer(qrels["query_id"]) if len(qrels) else np.zeros(0, np.int64)
-    qr_c = pd.Index(c_uni).get_indexer(qrels["chunk_id"]) if len(qrels) else np.zeros(0, np.int64)
-    found = (qr_q >= 0) & (qr_c >= 0)
-    n_c = np.int64(max(len(c_uni), 1))
-    lab_key = qr_q[found].astype(np.int64) * n_c + qr_c[found]
-    grade = _lookup(q_code[rows] * n_c + rc, lab_key, qrels["grade"].to_numpy()[found].astype(np.int8))
     # every metric sums over relevant rows only (a grade-0 row adds nothing), so only they go on,
-    # each with its 1-based position among its request's kept rows
-    rel = np.flatnonzero(grade >= 1)
-    rq_rel = rq[rel]
-    pos = rel - first_of_req[rq_rel] + 1
-
-    # scored requests, renumbered 0..n_sc-1
-    sc = np.flatnonzero(r_scored)
+    # each with its 1-based position among its request's distinct chunks
+    lab = _Relevance.of(testset)
+    c_in_lab = np.append(_index_in(rc.chunks, lab.chunks), -1)  # the last slot serves -1
+    top_lab = c_in_lab[top]
+    key = r_ts[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
+    key[top_lab < 0] = -1  # never a label key
+    grade = _lookup(key.ravel(), lab.keys, lab.grades).reshape(top.shape)
+    cell_req, cell_col = np.nonzero(grade >= 1)  # row-major: by request, then position
+    sc = np.flatnonzero(r_scored)  # scored requests, renumbered 0..n_sc-1
     new_id = np.full(n_req, -1)
     new_id[sc] = np.arange(len(sc))
-    ts_qid = qrels["query_id"].to_numpy()
-    pos_rel = qrels["grade"].to_numpy() >= 1
-    ideal = pd.DataFrame({"q": ts_index.get_indexer(ts_qid[pos_rel]), "g": qrels["grade"].to_numpy()[pos_rel]})
-    ideal = ideal.sort_values(["q", "g"], ascending=[True, False], kind="stable")
-    ideal_q = ideal["q"].to_numpy()
-    ideal_pos = ideal.groupby("q", sort=False).cumcount().to_numpy() + 1
-    n_rel = np.bincount(ideal_q, minlength=len(ts_q))
-    rl = RankedLists(req=new_id[rq_rel], pos=pos, grade=grade[rel], n_req=len(sc), req_query=r_ts[sc], n_q=len(ts_q),
-                     n_rel=n_rel, ideal_q=ideal_q, ideal_pos=ideal_pos, ideal_grade=ideal["g"].to_numpy())
+    rl = RankedLists(req=new_id[cell_req], pos=cell_col + 1, grade=grade[cell_req, cell_col], n_req=len(sc),
+                     req_query=r_ts[sc], n_q=len(ts_q), n_rel=lab.n_rel, ideal_q=lab.ideal_q,
+                     ideal_pos=lab.ideal_pos, ideal_grade=lab.ideal_grade)
     values = {m.name: compute(rl, m) for m in mets}
 
+    # requests in (query, stage, repeat) code order, whatever the order of the file
+    if n_req > 1 and np.any(r_key[1:] < r_key[:-1]):
+        by_key = np.argsort(r_key, kind="stable")
+        at_sc = np.argsort(r_key[sc], kind="stable")
+        values = {k: v[at_sc] for k, v in values.items()}
+    else:
+        by_key = slice(None)
+    lat = rc.latency_ms
+    lat = (lat[order] if order is not None else lat)[starts] if lat is not None else np.full(n_req, np.nan)
+
     # -- tables -------------------------------------------------------------------------
-    lat = None
-    if "latency_ms" in df.columns:
-        lat_all = df["latency_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
-        lat = (lat_all[order] if order is not None else lat_all)[starts] if n_req else np.zeros(0)
     requests = pd.DataFrame({
-        "query_id": q_uni[r_q] if n_req else np.zeros(0, object),
-        "stage": s_uni[r_s] if n_req else np.zeros(0, object),
-        "repeat": rep_uni[r_rep] if n_req else np.zeros(0, np.int64),
+        "query_id": q_uni[r_q],
+        "stage": s_uni[r_s],
+        "repeat": rep_uni[r_repc],
         "status": r_status,
         "scored": r_scored,
         "reason": reason,
         "n_returned": n_ret_req,
         "n_duplicates": n_dups_req,
-        "latency_ms": lat if lat is not None else np.full(n_req, np.nan),
-    })
-    # valid queries missing from a (stage, repeat) that the run has
-    valid_ids = ts_q.loc[ts_q["valid"], "query_id"]
-    combos = requests[["stage", "repeat"]].drop_duplicates()
-    if len(combos) and len(valid_ids):
-        expected = combos.merge(pd.DataFrame({"query_id": valid_ids}), how="cross")
-        seen = requests[["query_id", "stage", "repeat"]]
-        missing = expected.merge(seen, how="left", indicator=True)
-        missing = missing.loc[missing["_merge"] == "left_only", ["query_id", "stage", "repeat"]]
-        if len(missing):
-            missing = missing.assign(status="missing", scored=False, reason="missing: not collected",
-                                     n_returned=0, n_duplicates=0, latency_ms=np.nan)
+        "latency_ms": lat,
+    }).iloc[by_key].reset_index(drop=True)
+    # valid queries missing from a (stage, repeat) that the run has, in the order the combinations first appear
+    combo = r_s.astype(np.int64) * n_rep + r_repc
+    combos, first, combo_of_req = np.unique(combo, return_index=True, return_inverse=True)
+    if len(combos) and ts_valid.any():
+        seen = np.zeros((len(combos), len(ts_q)), bool)
+        seen[combo_of_req[r_known], r_ts[r_known]] = True
+        at = np.argsort(first, kind="stable")
+        m_combo, m_q = np.nonzero(~seen[at] & ts_valid)
+        if len(m_combo):
+            m_combo = at[m_combo]
+            missing = pd.DataFrame({
+                "query_id": ts_q["query_id"].to_numpy()[m_q], "stage": s_uni[combos[m_combo] // n_rep],
+                "repeat": rep_uni[combos[m_combo] % n_rep], "status": "missing", "scored": False,
+                "reason": "missing: not collected", "n_returned": 0, "n_duplicates": 0, "latency_ms": np.nan})
             requests = pd.concat([requests, missing], ignore_index=True)
     requests["repeat"] = requests["repeat"].astype(np.int64)
 
@@ -423,7 +512,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
                                                   "latency_ms"]].reset_index(drop=True)
     for name, v in values.items():
         per_query[name] = v
-    if lat is None:
+    if rc.latency_ms is None:
         per_query = per_query.drop(columns="latency_ms")
     metric_cols = [m.name for m in mets]
     per_query = per_query[["query_id", "stage", "repeat", *metric_cols,
@@ -437,7 +526,7 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     excluded = pd.concat([inv, not_scored], ignore_index=True) if len(not_scored) else inv.reset_index(drop=True)
     excluded["repeat"] = excluded["repeat"].astype("Int64")
 
-    seen_stages = list(dict.fromkeys(s_uni[r_s])) if n_req else []
+    seen_stages = list(dict.fromkeys(s_uni[r_s]))
     stage_order = stages if stages is not None else sorted(
         seen_stages, key=lambda s: (PIPELINE.index(s) if s in PIPELINE else len(PIPELINE), seen_stages.index(s)))
     by_repeat = (per_query.groupby(["stage", "repeat"], sort=False)[metric_cols].mean()
@@ -447,12 +536,15 @@ def score(testset: TestSet, results: pd.DataFrame, metrics: Iterable[str | Metri
     by_repeat["_o"] = by_repeat["stage"].map({s: i for i, s in enumerate(stage_order)})
     by_repeat = by_repeat.sort_values(["_o", "repeat"]).drop(columns="_o").reset_index(drop=True)
 
+    sc_stage_q = np.unique(r_s[sc].astype(np.int64) * max(len(q_uni), 1) + r_q[sc])
+    n_queries_of_stage = {s_uni[k]: int(v) for k, v in zip(*np.unique(sc_stage_q // max(len(q_uni), 1),
+                                                                       return_counts=True))}
     summary_rows = []
     for stage in stage_order:
         br = by_repeat[by_repeat["stage"] == stage]
         if br.empty:
             continue
-        nq = per_query.loc[per_query["stage"] == stage, "query_id"].nunique()
+        nq = n_queries_of_stage.get(stage, 0)
         for m in metric_cols:
             v = br[m].to_numpy()
             mean = float(v.mean())

@@ -1,0 +1,152 @@
+"""Every way into the scorer gives the same figures.
+
+``score(testset, path)`` reads a Parquet file straight into integer codes (no pandas
+table); ``score(testset, frame)`` starts from :func:`read_results`. Rows may come in any
+order, in many row groups (one dictionary each), with constant columns taken from the
+file's statistics, and very long lists may be cut by hashing instead of a grid. All of
+these must agree to the last bit, and bad rows must be reported with row and field on
+the fast path as on the slow one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from weknora_nb import ResultsError, read_results, score, scoring, write_results
+from weknora_nb.results import ResultCodes, read_results_for_scoring
+
+from .conftest import results_frame
+from .test_metrics_reference import random_case
+
+METRICS = ["recall@3", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10:linear", "precision@5", "map@10"]
+
+
+def same_scores(a, b) -> None:
+    pd.testing.assert_frame_equal(a.per_query, b.per_query, check_dtype=False)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_dtype=False)
+    pd.testing.assert_frame_equal(a.summary, b.summary, check_dtype=False)
+    assert a.counts == b.counts and a.warnings == b.warnings
+
+
+def write_parquet(df: pd.DataFrame, path, row_group_size: int) -> None:
+    """As a foreign writer might: plain strings, small row groups (a dictionary per group)."""
+    out = df.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.CategoricalDtype):
+            out[c] = out[c].astype("string")
+    pq.write_table(pa.Table.from_pandas(out, preserve_index=False), path, row_group_size=row_group_size)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1), shuffle=st.booleans(),
+       group=st.sampled_from([7, 64, 100_000]))
+def test_parquet_fast_path_matches_the_frame_path(tmp_path_factory, seed, shuffle, group):
+    ts, res, _, _ = random_case(seed)
+    if shuffle:  # rows in any order: requests are regrouped, ranks re-sorted
+        res = res.sample(frac=1.0, random_state=seed % 1000).reset_index(drop=True)
+    path = tmp_path_factory.mktemp("run") / "results.parquet"
+    write_parquet(res, path, group)
+    assert isinstance(read_results_for_scoring(path), ResultCodes)
+    same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_long_lists_cut_by_hashing_match_the_grid(seed):
+    ts, res, _, _ = random_case(seed)
+    grid = score(ts, res, METRICS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring, "GRID_SLACK", -10**12)  # always the hashing path
+        hashed = score(ts, res, METRICS)
+    same_scores(grid, hashed)
+
+
+def test_constant_columns_come_from_the_statistics(tmp_path):
+    ts, res, _, _ = random_case(3)
+    one = res[(res["stage"] == "final") & (res["repeat"] == 1) & (res["status"] == "ok")].reset_index(drop=True)
+    path = write_results(one, tmp_path / "r.parquet")
+    meta = pq.read_metadata(path)
+    from weknora_nb.results import _constant_column
+    assert (_constant_column(meta, "stage"), _constant_column(meta, "repeat"), _constant_column(meta, "status")) \
+        == ("final", 1, "ok")
+    assert _constant_column(meta, "chunk_id") is None
+    same_scores(score(ts, path, METRICS), score(ts, one, METRICS))
+
+
+def bad_file(tmp_path, **change) -> tuple:
+    df = results_frame([("q1", "final", 1, 1, "A", 0.9), ("q1", "final", 1, 2, "B", 0.8),
+                        ("q2", "final", 1, 1, "A", 0.7)])
+    for (row, col), value in change.get("set", {}).items():
+        df[col] = df[col].astype(object)
+        df.loc[row, col] = value
+    path = tmp_path / "bad.parquet"
+    write_parquet(df, path, 2)
+    return path
+
+
+@pytest.mark.parametrize("cell, value, field, fragment", [
+    ((1, "rank"), 0, "rank", ">= 1"),
+    ((2, "query_id"), " ", "query_id", "empty"),
+    ((0, "stage"), "", "stage", "empty"),
+    ((2, "repeat"), 0, "repeat", ">= 1"),
+    ((1, "status"), "timeout", "chunk_id", "failed request"),
+    ((2, "rank"), None, "rank", "empty for a returned chunk"),
+])
+def test_fast_path_names_the_row_and_field(tmp_path, cell, value, field, fragment):
+    from weknora_nb.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}},
+                               {"query_id": "q2", "query": "b", "relevant": {"A": 1}}])
+    path = bad_file(tmp_path, set={cell: value})
+    if field in ("rank", "repeat"):  # keep the column integer-typed so the fast path reads it
+        t = pq.read_table(path)
+        t = t.set_column(t.column_names.index(field), field, t.column(field).cast(pa.int64()))
+        pq.write_table(t, path, row_group_size=2)
+    with pytest.raises(ResultsError) as err:
+        score(ts, path)
+    p = err.value.problems[0]
+    assert (p.line, p.field) == (cell[0] + 1, field), str(err.value)
+    assert fragment in p.message and str(path) in str(err.value)
+
+
+def test_a_column_of_the_wrong_type_goes_through_read_results(tmp_path):
+    from weknora_nb.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    df = pd.DataFrame({"query_id": ["q1", "q1"], "stage": "final", "repeat": [1, 1], "rank": ["1", "two"],
+                       "chunk_id": ["A", "B"], "score": [1.0, 0.5]})
+    path = tmp_path / "r.parquet"
+    df.to_parquet(path)
+    assert ResultCodes.from_arrow(pq.read_table(path)) is None  # the fast path declines it
+    with pytest.raises(ResultsError) as err:
+        score(ts, path)
+    assert (err.value.problems[0].line, err.value.problems[0].field) == (2, "rank")
+
+
+def test_merged_results_are_unfolded_on_the_path_too(tmp_path):
+    from weknora_nb.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"B": 3}}])
+    df = results_frame([("q1", "final", 1, 1, "A", 0.9), ("q1", "final", 1, 2, "C", 0.8)])
+    df["sub_chunk_ids"] = pd.array([json.dumps(["B"]), None], dtype="string")
+    path = write_results(df, tmp_path / "r.parquet")
+    assert not isinstance(read_results_for_scoring(path), ResultCodes)
+    a, b = score(ts, path, ["mrr@10"]), score(ts, df, ["mrr@10"])
+    assert a.per_query["mrr@10"].tolist() == b.per_query["mrr@10"].tolist() == [0.5]
+    assert a.counts["n_sub_chunks_expanded"] == 1
+
+
+def test_empty_and_single_row_files(tmp_path):
+    from weknora_nb.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    one = results_frame([("q1", "final", 1, 1, "A", 0.9)])
+    path = write_results(one, tmp_path / "one.parquet")
+    assert score(ts, path, ["hit@1"]).per_query["hit@1"].tolist() == [1.0]
+    empty = one.iloc[:0]
+    path = write_results(empty, tmp_path / "empty.parquet")
+    sc = score(ts, path, ["hit@1"])
+    assert sc.per_query.empty and sc.summary.empty and sc.counts["n_requests"] == 0
