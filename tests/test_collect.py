@@ -83,6 +83,29 @@ def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
     assert sc.counts["n_invalid"] == 1 and sc.complete
 
 
+def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, monkeypatch):
+    import weknora_nb.collect as collect_mod
+    opened = []
+    real = collect_mod.WeKnoraClient
+
+    def counting(settings, **kw):
+        opened.append(settings.max_connections)
+        return real(settings, **kw)
+
+    monkeypatch.setattr(collect_mod, "WeKnoraClient", counting)
+    out = tmp_path / "run"
+    s = collect(fast(sandbox.base_url), sandbox.kb_id, testset, out, stages="vector,keyword,hybrid,final",
+                repeats=2, concurrency=20, warmup=0, progress=False, inventory=False)
+    assert opened == [7, 7, 7]  # 20 in flight: 3 pools (at most LANE_SIZE = 8 each) of 7 connections
+    assert s.complete and s.n_requests == 11 * 4 * 2
+    assert 0 < s.request_seconds <= s.seconds and s.requests_per_second == pytest.approx(88 / s.request_seconds)
+    assert "req/s while requesting" in s.describe()
+    df = read_results(out / "results.parquet")
+    assert len(df.drop_duplicates(["query_id", "stage", "repeat"])) == 88 and keys_of(
+        df.drop_duplicates(["query_id", "stage", "repeat"])).max() == 1
+    assert len(read_checkpoint(out / "checkpoint.jsonl")) == 88
+
+
 @pytest.mark.parametrize("faults, kind", [
     ({"error_rate": 1.0}, "server"),
     ({"rate_limit_rate": 1.0, "retry_after_s": 0.05}, "rate_limited"),

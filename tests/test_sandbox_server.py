@@ -203,6 +203,21 @@ def test_injected_malformed_body_hang_and_latency(client, server):
     assert time.perf_counter() - t >= 0.15
 
 
+def test_a_repeated_search_gets_the_same_bytes_and_still_its_faults(client, server):
+    body = {"query": "忘记管理员密码怎么办", "knowledge_base_id": server.kb_id}
+    first = client.post("/api/v1/knowledge-search", json=body)
+    again = client.post("/api/v1/knowledge-search", json=body)
+    assert first.status_code == again.status_code == 200 and first.content == again.content
+    other = client.post("/api/v1/knowledge-search", json={**body, "query": "账号锁定多久"})
+    assert other.content != first.content
+    server.set_faults(error_rate=1.0)  # faults come before the remembered answer
+    assert client.post("/api/v1/knowledge-search", json=body).status_code == 500
+    server.set_faults()
+    bad = {"knowledge_base_id": server.kb_id}  # an error is never remembered as an answer
+    assert client.post("/api/v1/knowledge-search", json=bad).status_code == 400
+    assert client.post("/api/v1/knowledge-search", json=bad).status_code == 400
+
+
 def test_fault_control_over_http(client):
     r = client.put("/_sandbox/faults", json={"error_rate": 1.0, "seed": 3})
     assert r.json()["data"]["error_rate"] == 1.0

@@ -22,6 +22,7 @@ failure is replaced by its new outcome).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -49,6 +50,9 @@ __all__ = ["collect", "collect_async", "RunSummary", "RunExistsError", "read_che
 
 log = logging.getLogger(__name__)
 
+#: connections per httpx pool; a collection with more requests in flight uses several pools
+LANE_SIZE = 8
+
 MANIFEST, CHECKPOINT, RESULTS, CHUNKS, ANSWERS = (
     "manifest.json", "checkpoint.jsonl", "results.parquet", "chunks.parquet", "answers.jsonl")
 
@@ -68,10 +72,17 @@ class RunSummary:
     seconds: float
     complete: bool
     failed: list[dict[str, Any]] = field(default_factory=list)
+    request_seconds: float = 0.0  # the request phase alone: first request sent to last one recorded
+
+    @property
+    def requests_per_second(self) -> float:
+        """Throughput of the request phase (requests recorded / ``request_seconds``)."""
+        return self.n_requests / self.request_seconds if self.request_seconds > 0 else 0.0
 
     def describe(self) -> str:
+        rate = f" ({self.requests_per_second:.1f} req/s while requesting)" if self.request_seconds > 0 else ""
         lines = [f"run {self.run_dir}: {self.n_requests} request(s) made, {self.n_skipped} already done, "
-                 f"{self.seconds:.1f} s"]
+                 f"{self.seconds:.1f} s{rate}"]
         for stage, c in self.counts.items():
             parts = ", ".join(f"{k} {v}" for k, v in c.items())
             lines.append(f"  {stage:10s} {parts}")
@@ -233,8 +244,13 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     manifest = {**base, "status": "running", "started_at": (previous or {}).get("started_at") or _now(),
                 "resumed_at": [*(previous or {}).get("resumed_at", []), _now()] if previous else []}
 
-    # one pooled connection per request in flight (a larger httpx pool only costs bookkeeping)
-    async with WeKnoraClient(replace(settings, max_connections=concurrency)) as client:
+    # One pooled connection per request in flight, in pools of at most LANE_SIZE: httpx's pool
+    # scans all its connections on every request, so many small pools cost less than one big one.
+    n_lanes = -(-concurrency // LANE_SIZE)
+    async with contextlib.AsyncExitStack() as stack:
+        lanes = [await stack.enter_async_context(
+            WeKnoraClient(replace(settings, max_connections=-(-concurrency // n_lanes)))) for _ in range(n_lanes)]
+        client = lanes[0]
         try:
             manifest["retrieval_config"] = await client.retrieval_config()
         except WeKnoraError as exc:
@@ -266,7 +282,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
             queue.put_nowait(item)
         with open(ckpt_path, "a", encoding="utf-8") as ckpt:
 
-            async def worker() -> None:
+            async def worker(client: WeKnoraClient) -> None:
                 while True:
                     try:
                         qid, text, stage, rep = queue.get_nowait()
@@ -285,9 +301,12 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                     if bar is not None:
                         bar.update(1)
 
+            t_requests = time.perf_counter()
             try:
-                await asyncio.gather(*(worker() for _ in range(min(concurrency, max(len(todo), 1)))))
+                await asyncio.gather(*(worker(lanes[i % n_lanes])
+                                       for i in range(min(concurrency, max(len(todo), 1)))))
             finally:
+                request_seconds = time.perf_counter() - t_requests
                 if bar is not None:
                     bar.close()
 
@@ -316,7 +335,8 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     manifest.update(status="complete" if complete else "incomplete", ended_at=_now(), counts=counts,
                     n_failed=len(failed), dropped_non_primary=int(sum(r.get("n_dropped", 0) for r in done.values())))
     _write_json_atomic(manifest_path, manifest)
-    summary = RunSummary(run_dir, counts, len(todo), n_skipped, time.perf_counter() - t_start, complete, failed)
+    summary = RunSummary(run_dir, counts, len(todo), n_skipped, time.perf_counter() - t_start, complete, failed,
+                         request_seconds if todo else 0.0)
     log.info(summary.describe())
     return summary
 
