@@ -1,14 +1,18 @@
 """Score a results table against a test set (METHOD.md sections 2-3).
 
-The pipeline, all vectorised (no Python loop over queries):
+The pipeline, all vectorised (no Python loop over queries), on integer codes
+(:class:`~weknora_nb.results.ResultCodes`; a Parquet path is read straight into them):
 
-1. group rows into requests (query, stage, repeat), sorted by rank;
+1. group rows into requests: runs of equal (query, stage, repeat); rows are sorted
+   only when a request's rows lie apart or out of rank order;
 2. check structure: one status per request, no rank given twice;
 3. set aside what is not scored, with the reason: invalid queries (no grade >= 1),
    failed requests (status other than ``ok``), requests of unknown query ids, and
    valid queries missing from a stage/repeat that other queries have;
-4. remove duplicate chunk ids (first position kept, ranks closed up, count reported);
-5. look up grades and compute every metric per request.
+4. lay the scored requests out as rows of a grid; rows holding a repeated chunk id are
+   found by sorting each row, and every row keeps its first K_max distinct chunk ids
+   (first position kept, ranks closed up, duplicates counted over the whole list);
+5. look up the grades (>= 1 only: grade 0 adds nothing) and compute every metric.
 
 System figure = mean over scored requests of a (stage, repeat); the stage figure is
 the mean of its repeat figures, with their spread (std, min, max).
@@ -399,7 +403,6 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
 
     # -- 3. what is scored ---------------------------------------------------------------
     ts_q = testset.queries
-    ts_index = pd.Index(ts_q["query_id"])
     q_in_ts = np.append(_index_in(q_uni, ts_q["query_id"]), -1)  # the last slot serves code -1
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
     r_ts = q_in_ts[r_q]
