@@ -140,6 +140,14 @@ def test_merged_results_are_unfolded_on_the_path_too(tmp_path):
     assert a.counts["n_sub_chunks_expanded"] == 1
 
 
+def test_a_collector_file_without_merged_results_takes_the_fast_path(tmp_path):
+    ts, res, _, _ = random_case(5)
+    res["sub_chunk_ids"] = pd.array([None if i % 3 else "[]" for i in range(len(res))], dtype="string")
+    path = write_results(res, tmp_path / "r.parquet")
+    assert isinstance(read_results_for_scoring(path), ResultCodes)
+    same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
+
+
 def test_empty_and_single_row_files(tmp_path):
     from weknora_nb.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
@@ -150,3 +158,12 @@ def test_empty_and_single_row_files(tmp_path):
     path = write_results(empty, tmp_path / "empty.parquet")
     sc = score(ts, path, ["hit@1"])
     assert sc.per_query.empty and sc.summary.empty and sc.counts["n_requests"] == 0
+
+
+def test_a_hand_built_table_gets_the_row_checks_too():
+    from weknora_nb.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    df = results_frame([("q1", "final", 1, 1, "A", 0.9), (" ", "final", 1, 1, "B", 0.8)])
+    with pytest.raises(ResultsError) as err:
+        score(ts, df, source="mine")
+    assert [(p.line, p.field) for p in err.value.problems] == [(2, "query_id")]

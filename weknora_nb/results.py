@@ -146,8 +146,9 @@ class ResultCodes:
 
     ``query``, ``stage``, ``chunk`` and ``status`` are codes into ``queries``,
     ``stages``, ``chunks`` and ``statuses`` (object arrays of str); -1 marks an empty
-    value (missing, or only whitespace). ``rank`` and ``repeat`` are int64, 0 where the
-    matching ``*_na`` mask (None when nothing is missing) is True.
+    value (missing, or only whitespace). ``rank`` and ``repeat`` are integers, 0 where the
+    matching ``*_na`` mask (None when nothing is missing) is True. A column holding one
+    value throughout may be a read-only broadcast view (no memory per row).
     """
 
     query: np.ndarray
@@ -224,13 +225,9 @@ class ResultCodes:
         return cls(*codes("query_id"), *codes("stage"), rep, rank, *codes("chunk_id"), *codes("status"),
                    rep_na, rank_na, lat)
 
-    def check(self, path: str, *, first_row: int = 1, problems: list[Problem] | None = None,
-              row_numbers: np.ndarray | None = None) -> list[Problem]:
-        """Append a :class:`Problem` per bad row (field named) to ``problems`` and return it.
-
-        ``row_numbers`` maps positions to 0-based rows of the caller's table when the
-        codes are a selection of it.
-        """
+    def check(self, path: str, *, first_row: int = 1, problems: list[Problem] | None = None) -> list[Problem]:
+        """Append a :class:`Problem` per bad row (row or line, and field named) to ``problems``
+        and return it. Whole-column reductions first: masks are built only for what is wrong."""
         problems = problems if problems is not None else []
 
         def report(mask: np.ndarray, field: str, message: str, values: np.ndarray | None = None,
@@ -239,8 +236,7 @@ class ResultCodes:
                 shown = ""
                 if values is not None:
                     shown = ", got <NA>" if na is not None and na[r] else f", got {int(values[r])!r}"
-                row = int(row_numbers[r]) if row_numbers is not None else int(r)
-                problems.append(Problem(path, row + first_row, field, message + shown,
+                problems.append(Problem(path, int(r) + first_row, field, message + shown,
                                         "line" if first_row > 1 else "row"))
 
         def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (a reduction, no mask)
@@ -408,7 +404,8 @@ def read_results_for_scoring(path: str | Path) -> pd.DataFrame | ResultCodes:
     if "sub_chunk_ids" in names:
         subs = pq.read_table(p, columns=["sub_chunk_ids"]).column("sub_chunk_ids")
         if pa.types.is_string(subs.type) or pa.types.is_large_string(subs.type):
-            if pc.any(pc.invert(pc.is_in(pc.utf8_trim_whitespace(subs), pa.array(["", "[]"])))).as_py():
+            given = pc.utf8_trim_whitespace(pc.fill_null(subs, ""))
+            if pc.any(pc.invert(pc.is_in(given, pa.array(["", "[]"])))).as_py():
                 return read_results(p)
     constant = {c: v for c, kind in (("stage", str), ("repeat", int), ("status", str)) if c in names
                 for v in [_constant_column(meta, c)] if isinstance(v, kind)}

@@ -280,7 +280,7 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
     results : DataFrame, or path
         A results table as read by :func:`weknora_nb.read_results`, or the path of a
         results file (a Parquet file is then read straight into integer codes, without
-        a pandas table: the fast path for large runs; its rows are validated).
+        a pandas table: the fast path for large runs). Rows are checked either way.
     metrics : list of str, optional
         Metric names (default :data:`weknora_nb.metrics.DEFAULT_METRICS`).
     stages : list of str, optional
@@ -301,8 +301,8 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
     Raises
     ------
     ResultsError
-        A bad row (path input), a request with two statuses, or a rank given twice
-        within a request.
+        A bad row (named by row and field), a request with two statuses, or a rank
+        given twice within a request.
     MetricError
         An unknown metric name.
     """
@@ -319,6 +319,9 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
         if sub_chunks == "expand":
             results, n_expanded = expand_sub_chunks(results)
         rc = ResultCodes.from_frame(results)
+        bad = rc.check(source)  # a table built by hand gets read_results's row checks too (reductions: cheap)
+        if bad:
+            raise ResultsError(source, bad)
     else:
         rc = results
     row_number = None  # position in rc -> 0-based row of the caller's table, when they differ
