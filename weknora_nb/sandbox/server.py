@@ -17,6 +17,9 @@ Envelopes: ``{"success": true, "data": ...}``; errors ``{"success": false, "erro
 Fault injection (off by default): added latency (fixed plus uniform jitter, or
 lognormal), and rates of 500s, 429s with ``Retry-After``, hung requests, malformed
 bodies and SSE streams cut before ``complete``.
+
+The engine is deterministic, so successful search answers are remembered by request body
+(:data:`SEARCH_CACHE_SIZE` of them); faults are injected before that lookup.
 """
 
 from __future__ import annotations
