@@ -31,6 +31,7 @@ import logging
 import os
 import random
 import re
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,7 +142,9 @@ class ChatResult:
 class WeKnoraClient:
     """Async client; use as ``async with WeKnoraClient(settings) as c: ...``."""
 
-    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None):
+    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
+        """``ssl_context``: share one between clients (building one loads the CA store, about 20 ms)."""
         self.settings = settings
         self._rng = rng or random.Random()
         headers = {"X-API-Key": settings.api_key(), "Accept": "application/json", **settings.extra_headers}
@@ -151,6 +154,7 @@ class WeKnoraClient:
         self._http = httpx.AsyncClient(
             base_url=settings.base_url.rstrip("/"), headers=headers,
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
+            verify=ssl_context if ssl_context is not None else True,
             limits=httpx.Limits(max_connections=settings.max_connections,
                                 max_keepalive_connections=settings.max_connections))
 

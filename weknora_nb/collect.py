@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+import httpx
 import numpy as np
 import pandas as pd
 
@@ -247,9 +248,11 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     # One pooled connection per request in flight, in pools of at most LANE_SIZE: httpx's pool
     # scans all its connections on every request, so many small pools cost less than one big one.
     n_lanes = -(-concurrency // LANE_SIZE)
+    tls = httpx.create_ssl_context()  # one for all pools: the CA store is loaded once
     async with contextlib.AsyncExitStack() as stack:
         lanes = [await stack.enter_async_context(
-            WeKnoraClient(replace(settings, max_connections=-(-concurrency // n_lanes)))) for _ in range(n_lanes)]
+            WeKnoraClient(replace(settings, max_connections=-(-concurrency // n_lanes)), ssl_context=tls))
+            for _ in range(n_lanes)]
         client = lanes[0]
         try:
             manifest["retrieval_config"] = await client.retrieval_config()
@@ -360,30 +363,31 @@ def compile_results(done: dict[tuple[str, str, int], dict[str, Any]], stages: li
     cols = {k: [] for k in ("query_id", "stage", "repeat", "rank", "chunk_id", "score", "knowledge_id",
                             "chunk_index", "match_type", "latency_ms", "status", "error", "sub_chunk_ids",
                             "base_score", "model_score")}
+    empty = [[None] * 9]
     for s in stages:
         for r in range(1, repeats + 1):
             for q in query_order:
                 rec = done.get((q, s.name, r))
                 if rec is None:
                     continue
-                rows = rec.get("rows") or [[None] * 9]
-                for row in rows:
-                    rank, cid, score, kid, cidx, mt, subs, base, model = row
-                    cols["query_id"].append(q)
-                    cols["stage"].append(s.name)
-                    cols["repeat"].append(r)
-                    cols["rank"].append(rank)
-                    cols["chunk_id"].append(cid)
-                    cols["score"].append(score)
-                    cols["knowledge_id"].append(kid)
-                    cols["chunk_index"].append(cidx)
-                    cols["match_type"].append(mt)
-                    cols["latency_ms"].append(rec.get("latency_ms"))
-                    cols["status"].append(rec["status"])
-                    cols["error"].append(rec.get("error"))
-                    cols["sub_chunk_ids"].append(json.dumps(subs, ensure_ascii=False) if subs else None)
-                    cols["base_score"].append(base)
-                    cols["model_score"].append(model)
+                rows = rec.get("rows") or empty
+                n = len(rows)
+                rank, cid, score, kid, cidx, mt, subs, base, model = zip(*rows)  # columns of this request
+                cols["query_id"] += [q] * n
+                cols["stage"] += [s.name] * n
+                cols["repeat"] += [r] * n
+                cols["rank"] += rank
+                cols["chunk_id"] += cid
+                cols["score"] += score
+                cols["knowledge_id"] += kid
+                cols["chunk_index"] += cidx
+                cols["match_type"] += mt
+                cols["latency_ms"] += [rec.get("latency_ms")] * n
+                cols["status"] += [rec["status"]] * n
+                cols["error"] += [rec.get("error")] * n
+                cols["sub_chunk_ids"] += [json.dumps(x, ensure_ascii=False) if x else None for x in subs]
+                cols["base_score"] += base
+                cols["model_score"] += model
     df = pd.DataFrame(cols)
     for c in ("rank", "chunk_index", "match_type"):
         df[c] = pd.array(df[c], dtype="Int64")
