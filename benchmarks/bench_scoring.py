@@ -9,11 +9,12 @@ weknora-nb and pytrec_eval (dicts) are timed ``--repeat`` times after their warm
 the best is compared (timeit's convention; every time is printed): on a shared 2-core
 virtual machine single timings of either tool vary by up to 2x.
 
-pytrec_eval is timed two ways: from files (its own ``parse_qrel`` / ``parse_run`` on the
-same data in TREC format, then evaluate: the like-for-like comparison, since weknora-nb's
-time includes reading its file) and from dicts already in memory (its C++ core alone).
+pytrec_eval is timed two ways: from dicts already in memory (its evaluator built and
+evaluated: the goal's comparison, although weknora-nb's time includes reading its file)
+and from files (its own ``parse_qrel`` / ``parse_run`` on the same data in TREC format,
+then evaluate: reading its input too).
 
-    python benchmarks/bench_scoring.py [--queries 100000] [--ranks 100] [--seed 0]
+    python benchmarks/bench_scoring.py [--queries 100000] [--ranks 100] [--seed 0] [--repeat 3]
 """
 
 from __future__ import annotations
