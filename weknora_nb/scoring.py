@@ -217,6 +217,8 @@ class _Relevance:
 def _text(x) -> pa.Array:
     """A column of strings (Series, array, or Arrow) as an Arrow large_string array."""
     a = x if isinstance(x, pa.Array) else pa.array(x.array if isinstance(x, pd.Series) else x)
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
     if pa.types.is_dictionary(a.type):
         a = a.dictionary_decode()
     return a.cast(pa.large_string())
