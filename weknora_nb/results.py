@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -102,13 +103,15 @@ def _coerce(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int
         if c in df.columns and not pd.api.types.is_integer_dtype(df[c]):
             num = pd.to_numeric(df[c], errors="coerce")
             bad = (num.isna() & df[c].notna()) | (num.notna() & (num != np.floor(num.fillna(0))))
-            _report(problems, path, df.index[bad.to_numpy()], c, "must be an integer", first_row, df[c])
+            _report(problems, path, df.index[bad.to_numpy()], c, "must be an integer", first_row,
+                    lambda r: repr(df[c].iloc[r]))
             df[c] = num.where(~bad).astype("Int64")
     for c in _FLOATS:
         if c in df.columns and not pd.api.types.is_float_dtype(df[c]):
             num = pd.to_numeric(df[c], errors="coerce")
             bad = num.isna() & df[c].notna()
-            _report(problems, path, df.index[bad.to_numpy()], c, "must be a number", first_row, df[c])
+            _report(problems, path, df.index[bad.to_numpy()], c, "must be a number", first_row,
+                    lambda r: repr(df[c].iloc[r]))
             df[c] = num.astype("float64")
     for c in _STRINGS:
         if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
@@ -117,12 +120,12 @@ def _coerce(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int
 
 
 def _report(problems: list[Problem], path: str, rows, field: str, message: str, first_row: int,
-            values: pd.Series | None = None) -> None:
+            got: Callable[[int], str] | None = None) -> None:
+    """One :class:`Problem` per 0-based row position (up to :data:`MAX_PROBLEMS` in all);
+    ``got(r)`` shows the offending value."""
     positions = np.asarray(rows)
     for r in positions[: max(0, MAX_PROBLEMS - len(problems))]:
-        shown = ""
-        if values is not None:
-            shown = f", got {values.iloc[int(r)]!r}"
+        shown = f", got {got(int(r))}" if got is not None else ""
         where = "line" if first_row > 1 else "row"
         problems.append(Problem(path, int(r) + first_row, field, message + shown, where))
 
@@ -232,12 +235,9 @@ class ResultCodes:
 
         def report(mask: np.ndarray, field: str, message: str, values: np.ndarray | None = None,
                    na: np.ndarray | None = None) -> None:
-            for r in np.flatnonzero(mask)[: max(0, MAX_PROBLEMS - len(problems))]:
-                shown = ""
-                if values is not None:
-                    shown = ", got <NA>" if na is not None and na[r] else f", got {int(values[r])!r}"
-                problems.append(Problem(path, int(r) + first_row, field, message + shown,
-                                        "line" if first_row > 1 else "row"))
+            got = None if values is None else (
+                lambda r: "<NA>" if na is not None and na[r] else repr(int(values[r])))
+            _report(problems, path, np.flatnonzero(mask), field, message, first_row, got)
 
         def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (a reduction, no mask)
             return bool(len(a)) and int(a.min()) < bound
@@ -324,9 +324,10 @@ def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     chunks = [ch for ch in col.chunks if len(ch)]
     if not chunks:
         return np.zeros(0, np.int32), np.zeros(0, dtype=object)
+    keys = [(ch.dictionary.buffers()[1].address, len(ch.dictionary)) for ch in chunks]  # which dictionary
     distinct: dict[tuple[int, int], pa.Array] = {}
-    for ch in chunks:
-        distinct.setdefault((ch.dictionary.buffers()[1].address, len(ch.dictionary)), ch.dictionary)
+    for key, ch in zip(keys, chunks):
+        distinct.setdefault(key, ch.dictionary)
     dicts = list(distinct.values())
     if all(d.equals(dicts[0]) for d in dicts[1:]):
         if len(dicts[0]) == 1 and not col.null_count:  # one value throughout (a stage, "ok"): no array needed
@@ -345,10 +346,9 @@ def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         at += len(d)
     out = np.empty(len(col), np.int32)
     at = 0
-    for ch in chunks:
+    for key, ch in zip(keys, chunks):
         idx = ch.indices if not ch.indices.null_count else pc.fill_null(ch.indices, -1)
-        np.take(luts[(ch.dictionary.buffers()[1].address, len(ch.dictionary))], idx.to_numpy(),
-                out=out[at:at + len(ch)])
+        np.take(luts[key], idx.to_numpy(), out=out[at:at + len(ch)])
         at += len(ch)
     return _blank_as_missing(out, merged.dictionary)
 
