@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from weknora_nb import score, write_results
-from weknora_nb.metrics import DEFAULT_METRICS
-from weknora_nb.testset import TestSet
+from weknora_nb.core.metrics import DEFAULT_METRICS
+from weknora_nb.core.testset import TestSet
 
 warnings.filterwarnings("ignore", message=".*unsafe cast.*")
 

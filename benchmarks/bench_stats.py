@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from weknora_nb.stats import paired_bootstrap_ci, randomization_test
+from weknora_nb.analysis.stats import paired_bootstrap_ci, randomization_test
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from weknora_nb.results import _coerce
+from weknora_nb.core.results import _coerce
 
 
 def results_frame(rows: list[tuple]) -> pd.DataFrame:

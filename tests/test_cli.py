@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from weknora_nb import write_results
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 from .conftest import failed, ranked, results_frame
 

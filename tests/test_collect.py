@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 from weknora_nb import read_results, score
-from weknora_nb.client import AuthFailed, ClientSettings
-from weknora_nb.collect import RunExistsError, collect, read_checkpoint
+from weknora_nb.collect.client import AuthFailed, ClientSettings
+from weknora_nb.collect import collect, read_checkpoint
+from weknora_nb.core.errors import RunExistsError
 from weknora_nb.sandbox import SandboxServer
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-collect-test-5f2e9a7c1d"
@@ -84,7 +85,7 @@ def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
 
 
 def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, monkeypatch):
-    import weknora_nb.collect as collect_mod
+    import weknora_nb.collect.collector as collect_mod
     opened = []
     real = collect_mod.WeKnoraClient
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from weknora_nb import score
-from weknora_nb.diagnose import diagnose
-from weknora_nb.testset import TestSet
+from weknora_nb.analysis.diagnose import diagnose
+from weknora_nb.core.testset import TestSet
 
 from .conftest import results_frame
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weknora_nb import MetricError, parse_metric, score
-from weknora_nb.metrics import DEFAULT_METRICS, FAMILIES, parse_metrics
-from weknora_nb.testset import TestSet
+from weknora_nb.core.metrics import DEFAULT_METRICS, FAMILIES, parse_metrics
+from weknora_nb.core.testset import TestSet
 
 from .conftest import ranked, results_frame
 

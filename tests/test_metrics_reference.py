@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ranx import Qrels, Run, evaluate
 
 from weknora_nb import score
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 from .conftest import results_frame
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from weknora_nb import score
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 from .conftest import failed, ranked, results_frame
 

@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
-from weknora_nb.client import ClientSettings
+from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect
-from weknora_nb.report import NOTEBOOKS, ReportError, render_report
+from weknora_nb.core.errors import ReportError
+from weknora_nb.reports.render import NOTEBOOKS, render_report
 from weknora_nb.sandbox import SandboxServer, demo_dir
-from weknora_nb.testset import TestSet, load_testset
+from weknora_nb.core.testset import TestSet, load_testset
 
 KEY = "sk-report-test-9d8c7b6a5f4e"
 EVIL = '<script>alert("kb")</script>'

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from weknora_nb import ResultsError, read_results, read_trec_run, score, write_results, write_trec_run
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 from .conftest import failed, ranked, results_frame
 

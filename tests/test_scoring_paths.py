@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weknora_nb import ResultsError, read_results, score, scoring, write_results
-from weknora_nb.results import ResultCodes, read_results_for_scoring
+from weknora_nb import ResultsError, read_results, score, write_results
+from weknora_nb.core import scoring
+from weknora_nb.core.results import ResultCodes, read_results_for_scoring
 
 from .conftest import results_frame
 from .test_metrics_reference import random_case
@@ -73,7 +74,7 @@ def test_constant_columns_come_from_the_statistics(tmp_path):
     one = res[(res["stage"] == "final") & (res["repeat"] == 1) & (res["status"] == "ok")].reset_index(drop=True)
     path = write_results(one, tmp_path / "r.parquet")
     meta = pq.read_metadata(path)
-    from weknora_nb.results import _constant_column
+    from weknora_nb.core.results import _constant_column
     assert (_constant_column(meta, "stage"), _constant_column(meta, "repeat"), _constant_column(meta, "status")) \
         == ("final", 1, "ok")
     assert _constant_column(meta, "chunk_id") is None
@@ -100,7 +101,7 @@ def bad_file(tmp_path, **change) -> tuple:
     ((2, "rank"), None, "rank", "empty for a returned chunk"),
 ])
 def test_fast_path_names_the_row_and_field(tmp_path, cell, value, field, fragment):
-    from weknora_nb.testset import TestSet
+    from weknora_nb.core.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}},
                                {"query_id": "q2", "query": "b", "relevant": {"A": 1}}])
     path = bad_file(tmp_path, set={cell: value})
@@ -116,7 +117,7 @@ def test_fast_path_names_the_row_and_field(tmp_path, cell, value, field, fragmen
 
 
 def test_a_column_of_the_wrong_type_goes_through_read_results(tmp_path):
-    from weknora_nb.testset import TestSet
+    from weknora_nb.core.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
     df = pd.DataFrame({"query_id": ["q1", "q1"], "stage": "final", "repeat": [1, 1], "rank": ["1", "two"],
                        "chunk_id": ["A", "B"], "score": [1.0, 0.5]})
@@ -129,7 +130,7 @@ def test_a_column_of_the_wrong_type_goes_through_read_results(tmp_path):
 
 
 def test_merged_results_are_unfolded_on_the_path_too(tmp_path):
-    from weknora_nb.testset import TestSet
+    from weknora_nb.core.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"B": 3}}])
     df = results_frame([("q1", "final", 1, 1, "A", 0.9), ("q1", "final", 1, 2, "C", 0.8)])
     df["sub_chunk_ids"] = pd.array([json.dumps(["B"]), None], dtype="string")
@@ -149,7 +150,7 @@ def test_a_collector_file_without_merged_results_takes_the_fast_path(tmp_path):
 
 
 def test_empty_and_single_row_files(tmp_path):
-    from weknora_nb.testset import TestSet
+    from weknora_nb.core.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
     one = results_frame([("q1", "final", 1, 1, "A", 0.9)])
     path = write_results(one, tmp_path / "one.parquet")
@@ -161,7 +162,7 @@ def test_empty_and_single_row_files(tmp_path):
 
 
 def test_a_hand_built_table_gets_the_row_checks_too():
-    from weknora_nb.testset import TestSet
+    from weknora_nb.core.testset import TestSet
     ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
     df = results_frame([("q1", "final", 1, 1, "A", 0.9), (" ", "final", 1, 1, "B", 0.8)])
     with pytest.raises(ResultsError) as err:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from weknora_nb.stats import (bootstrap_ci, holm, paired_bootstrap_ci, randomization_test, significance_warning,
-                              small_group_warning)
+from weknora_nb.analysis.stats import (bootstrap_ci, holm, paired_bootstrap_ci, randomization_test,
+                                       small_group_warning)
+from weknora_nb.core.pipeline import significance_warning
 
 
 def test_bootstrap_ci_covers_the_mean_and_shrinks_with_n():

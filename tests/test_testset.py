@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from weknora_nb import TestSetError, load_testset, load_trec_qrels
-from weknora_nb.testset import TestSet
+from weknora_nb.core.testset import TestSet
 
 GOOD = [
     {"query_id": "q001", "query": "如何重置管理员密码？", "relevant": {"doc1#0003": 3, "doc1#0004": 1},

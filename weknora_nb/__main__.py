@@ -1,5 +1,5 @@
 """``python -m weknora_nb`` runs the command line."""
 
-from .cli import main
+from weknora_nb.cli import main
 
 raise SystemExit(main())

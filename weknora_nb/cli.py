@@ -11,16 +11,16 @@ import json
 import logging
 import sys
 
-from . import __version__
-from .errors import WeknoraNbError
+from weknora_nb._version import __version__
+from weknora_nb.core.errors import WeknoraNbError
 
 log = logging.getLogger("weknora_nb")
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from .report_text import format_scores
-    from .scoring import score
-    from .testset import load_testset
+    from weknora_nb.reports.text import format_scores
+    from weknora_nb.core.scoring import score
+    from weknora_nb.core.testset import load_testset
 
     ts = load_testset(args.testset)
     sc = score(ts, args.results, args.metrics, stages=args.stage or None, domain_adjustment=args.domain_adjustment,
@@ -37,8 +37,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from .client import ClientSettings
-    from .collect import collect
+    from weknora_nb.collect.client import ClientSettings
+    from weknora_nb.collect.collector import collect
 
     system = None
     if args.system:
@@ -49,7 +49,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     stages = args.stages
     extra = None
     if args.stages_file:
-        from .stages import load_stage_file, resolve_stages
+        from weknora_nb.collect.stages import load_stage_file, resolve_stages
         extra = load_stage_file(args.stages_file)
         stages = resolve_stages(args.stages, extra)
     summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
@@ -60,8 +60,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
-    from .compare import NotComparableError
-    from .gate import gate, parse_bounds
+    from weknora_nb.analysis.compare import NotComparableError
+    from weknora_nb.analysis.gate import gate, parse_bounds
 
     try:
         result = gate(args.run, baseline=args.baseline, stage=args.stage, minimums=parse_bounds(args.min),
@@ -74,7 +74,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import ReportError, render_report
+    from weknora_nb.reports.render import ReportError, render_report
 
     try:
         report = render_report(args.run, args.baseline or [], out_root=args.out, no_input=args.no_input)
@@ -86,8 +86,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-    from .report import ReportError
+    from weknora_nb.demo import run_demo
+    from weknora_nb.reports.render import ReportError
 
     try:
         result = run_demo(args.out, repeats=args.repeats, no_input=args.no_input, progress=not args.quiet)
@@ -104,7 +104,7 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .sandbox import SandboxServer
+    from weknora_nb.sandbox import SandboxServer
 
     if not os.environ.get("WEKNORA_API_KEY"):
         print("error: set WEKNORA_API_KEY first (any value, e.g. export WEKNORA_API_KEY=sk-sandbox-local): the "
@@ -130,7 +130,7 @@ def _cmd_sandbox_build(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from .sandbox import build_index, demo_dir, load_demo_versions
+    from weknora_nb.sandbox import build_index, demo_dir, load_demo_versions
 
     t0 = time.perf_counter()
     index = build_index(args.data, show_progress=True)
@@ -147,7 +147,7 @@ def _cmd_sandbox_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_sandbox_versions(args: argparse.Namespace) -> int:
-    from .sandbox import load_demo_versions
+    from weknora_nb.sandbox import load_demo_versions
 
     for name, v in load_demo_versions(args.data).items():
         print(f"{name:16s} {v.description}")

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .client import API_KEY_ENV, ClientSettings
-from .collect import RunExistsError, collect
-from .report import Report, render_report, write_overview
-from .sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
+from weknora_nb.collect.client import API_KEY_ENV, ClientSettings
+from weknora_nb.collect.collector import collect
+from weknora_nb.core.errors import RunExistsError
+from weknora_nb.reports.render import Report, render_report, write_overview
+from weknora_nb.sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
 
 __all__ = ["DemoResult", "run_demo"]
 

@@ -1,9 +1,9 @@
 """The embedded sandbox: a small real retrieval system that speaks WeKnora's HTTP API."""
 
-from .chunking import Chunk, chunk_corpus, chunk_markdown
-from .engine import ModelMissingError, RetrievalEngine, SandboxIndex, VersionConfig, load_versions
-from .runner import DEFAULT_KB_ID, SandboxServer, build_index, demo_dir, load_demo_versions
-from .server import FaultConfig
+from weknora_nb.sandbox.chunking import Chunk, chunk_corpus, chunk_markdown
+from weknora_nb.sandbox.engine import ModelMissingError, RetrievalEngine, SandboxIndex, VersionConfig, load_versions
+from weknora_nb.sandbox.runner import DEFAULT_KB_ID, SandboxServer, build_index, demo_dir, load_demo_versions
+from weknora_nb.sandbox.server import FaultConfig
 
 __all__ = ["Chunk", "DEFAULT_KB_ID", "FaultConfig", "ModelMissingError", "RetrievalEngine", "SandboxIndex",
            "SandboxServer", "VersionConfig", "build_index", "chunk_corpus", "chunk_markdown", "demo_dir",

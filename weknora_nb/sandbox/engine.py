@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..files import atomic_path
-from .chunking import Chunk
-from .tokenize import tokenize
+from weknora_nb.core.files import atomic_path
+from weknora_nb.sandbox.chunking import Chunk
+from weknora_nb.sandbox.tokenize import tokenize
 
 __all__ = ["ModelMissingError", "VersionConfig", "load_versions", "SandboxIndex", "RetrievalEngine", "Hit",
            "default_cache_dir"]

@@ -21,9 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .chunking import chunk_corpus
-from .engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
-from .server import FaultConfig, check_loopback, create_app
+from weknora_nb.sandbox.chunking import chunk_corpus
+from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
+from weknora_nb.sandbox.server import FaultConfig, check_loopback, create_app
 
 __all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DEFAULT_KB_ID"]
 
@@ -33,11 +33,12 @@ DEFAULT_KB_ID = "kb-demo"
 
 
 def demo_dir() -> Path:
-    """The demo knowledge base folder: ``$WEKNORA_NB_DEMO`` or ``data/demo`` of this checkout."""
+    """The demo knowledge base folder: ``$WEKNORA_NB_DEMO``, else the one shipped with the package
+    (``weknora_nb/sandbox/demo``; ``data/demo`` of a checkout links to it)."""
     env = os.environ.get("WEKNORA_NB_DEMO")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "data" / "demo"
+    return Path(__file__).resolve().parent / "demo"
 
 
 def load_demo_versions(data_dir: str | Path | None = None) -> dict[str, VersionConfig]:

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .engine import Hit, RetrievalEngine
+from weknora_nb.sandbox.engine import Hit, RetrievalEngine
 
 __all__ = ["FaultConfig", "create_app", "check_loopback", "ERROR_CODES"]
 

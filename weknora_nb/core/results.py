@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import Problem, ResultsError
-from .files import atomic_path
+from weknora_nb.core.errors import Problem, ResultsError
+from weknora_nb.core.files import atomic_path
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
            "read_trec_run", "write_trec_run", "validate_results", "expand_sub_chunks", "ResultCodes",

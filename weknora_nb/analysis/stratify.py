@@ -17,9 +17,9 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from .scoring import Scores
-from .stats import MIN_GROUP_SIZE, bootstrap_ci, small_group_warning
-from .testset import TestSet
+from weknora_nb.core.scoring import Scores
+from weknora_nb.analysis.stats import MIN_GROUP_SIZE, bootstrap_ci, small_group_warning
+from weknora_nb.core.testset import TestSet
 
 __all__ = ["QueryTypeRules", "load_rules", "classify", "stratify", "DIMENSIONS"]
 

@@ -30,9 +30,10 @@ from typing import Any
 
 import pandas as pd
 
-from .results import expand_sub_chunks
-from .scoring import Scores
-from .testset import TestSet
+from weknora_nb.core.pipeline import stage_order
+from weknora_nb.core.results import expand_sub_chunks
+from weknora_nb.core.scoring import Scores
+from weknora_nb.core.testset import TestSet
 
 __all__ = ["CAUSES", "Diagnosis", "diagnose", "degraded_queries"]
 
@@ -59,11 +60,8 @@ class Diagnosis:
             return pd.DataFrame(index=pd.Index(list(CAUSES), name="cause"))
         ex = self.degraded.explode("causes")
         ex = ex[ex["causes"].notna()]
-        from .scoring import PIPELINE
-
         table = pd.crosstab(ex["causes"], ex["stage"]).reindex(list(CAUSES), fill_value=0)
-        stages = sorted(self.degraded["stage"].unique(),
-                        key=lambda s: PIPELINE.index(s) if s in PIPELINE else len(PIPELINE))
+        stages = stage_order(self.degraded["stage"].unique())
         table = table.reindex(columns=stages, fill_value=0)
         table.index.name = "cause"
         n = self.degraded.groupby("stage").size()

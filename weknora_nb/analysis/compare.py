@@ -22,77 +22,16 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from .collect import MANIFEST, RESULTS, iter_runs
-from .errors import WeknoraNbError
-from .metrics import parse_metrics
-from .results import read_results
-from .scoring import Scores, score
-from .stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test, significance_warning
-from .testset import TestSet, load_testset
+from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
+from weknora_nb.core.errors import NotComparableError, WeknoraNbError
+from weknora_nb.core.metrics import parse_metrics
+from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, significance_warning
+from weknora_nb.core.run import Run, flatten, iter_runs, load_run
 
-__all__ = ["Run", "load_run", "Comparison", "compare_runs", "config_diff", "history", "NotComparableError",
-           "latency_table", "recommend"]
+__all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend"]
 
 #: configuration keys that name or describe a version rather than configure it
 _IGNORED_KEYS = ("description", "version", "name", "faults")
-
-
-class NotComparableError(WeknoraNbError):
-    """The runs were not made on the same test set (or lack what a comparison needs)."""
-
-
-@dataclass
-class Run:
-    """A run folder, loaded: manifest, results table, its test set and its scores."""
-
-    path: Path
-    manifest: dict[str, Any]
-    results: pd.DataFrame
-    testset: TestSet
-    scores: Scores
-
-    @property
-    def name(self) -> str:
-        return str(self.manifest.get("run_name") or self.path.name)
-
-    @property
-    def stages(self) -> list[str]:
-        return self.scores.stages
-
-
-def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
-             metrics: Iterable[str] | None = None) -> Run:
-    """Load a run folder and score it against its test set (from the manifest unless given).
-
-    The test set's hash must match the one the run recorded.
-    """
-    p = Path(path)
-    mpath = p / MANIFEST
-    if not mpath.exists():
-        raise FileNotFoundError(f"{p} is not a run folder (no {MANIFEST})")
-    manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    if testset is None:
-        tpath = (manifest.get("testset") or {}).get("path")
-        if not tpath:
-            raise NotComparableError(f"{mpath} records no test-set path; pass testset=")
-        testset = tpath
-    ts = testset if isinstance(testset, TestSet) else load_testset(testset)
-    recorded = (manifest.get("testset") or {}).get("hash")
-    if recorded and recorded != ts.hash:
-        raise NotComparableError(f"{p}: the test set given ({ts.hash[:19]}...) is not the one this run was "
-                                 f"collected with ({recorded[:19]}...)")
-    results = read_results(p / RESULTS)
-    return Run(p, manifest, results, ts, score(ts, results, metrics, source=str(p / RESULTS)))
-
-
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = obj
-    return out
 
 
 def config_diff(manifests: list[dict[str, Any]], names: list[str]) -> pd.DataFrame:
@@ -102,7 +41,7 @@ def config_diff(manifests: list[dict[str, Any]], names: list[str]) -> pd.DataFra
     """
     flats = []
     for m in manifests:
-        flats.append(_flatten({"system": m.get("system") or {}, "retrieval_config": m.get("retrieval_config") or {},
+        flats.append(flatten({"system": m.get("system") or {}, "retrieval_config": m.get("retrieval_config") or {},
                                "stages": m.get("stages") or {}}))
     keys = sorted(set().union(*flats))
     rows = []
@@ -187,12 +126,12 @@ def compare_runs(paths: list[str | Path] | list[Run], *, stage: str | None = Non
         listing = ", ".join(f"{r.name}: {r.testset.hash[:19]}" for r in runs)
         raise NotComparableError(f"runs on different test sets cannot be compared ({listing})")
     common = [s for s in runs[0].stages if all(s in r.stages for r in runs[1:])]
-    if stage is None:
-        stage = "final" if "final" in common else (common[0] if len(common) == 1 else None)
-        if stage is None:
-            raise NotComparableError(f"choose a stage: the runs share {common}")
-    if stage not in common:
-        raise NotComparableError(f"stage {stage!r} is not in every run (common stages: {common})")
+    chosen = focus_stage(common, stage)
+    if chosen is None:
+        if stage is not None:
+            raise NotComparableError(f"stage {stage!r} is not in every run (common stages: {common})")
+        raise NotComparableError(f"choose a stage: the runs share {common}")
+    stage = chosen
     mets = [m.name for m in parse_metrics(metrics)]
     base = runs[0]
     warnings: list[str] = []
@@ -247,7 +186,7 @@ def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha:
     for run in t["run"].unique() if len(t) else []:
         r = t[t["run"] == run].set_index("metric")
         lines = [f"{run} vs {r['baseline'].iloc[0]} (stage {cmp.stage}, {int(r['n_queries'].iloc[0])} queries):"]
-        key = "ndcg@5" if "ndcg@5" in r.index else r.index[0]
+        key = HEADLINE_METRIC if HEADLINE_METRIC in r.index else r.index[0]
         row = r.loc[key]
         sig = bool(row["p_holm"] < alpha and not (row["ci_low"] <= 0 <= row["ci_high"]))
         ci = f"95 % CI [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}], p = {row['p_holm']:.3g} after Holm"
@@ -287,13 +226,13 @@ def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha:
 
 
 def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("recall@5", "ndcg@5", "hit@5"),
-            stage: str | None = "final") -> pd.DataFrame:
+            stage: str | None = FOCUS_STAGE) -> pd.DataFrame:
     """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage)."""
     rows = []
     for p in iter_runs(root):
         try:
             run = load_run(p, metrics=metrics)
-        except (WeknoraNbError, FileNotFoundError) as exc:
+        except (WeknoraNbError, OSError) as exc:
             rows.append({"run": p.name, "problem": str(exc)})
             continue
         wide = run.scores.summary_wide()

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .compare import NotComparableError, Run, load_run
-from .metrics import parse_metric
+from weknora_nb.core.errors import NotComparableError, UsageError
+from weknora_nb.core.metrics import parse_metric
+from weknora_nb.core.run import Run, load_run
 
 __all__ = ["GateResult", "gate", "parse_bounds"]
 
@@ -47,24 +48,16 @@ def parse_bounds(items: list[str] | None) -> dict[str, float]:
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"a bound looks like metric=value, e.g. ndcg@5=0.70. Got {item!r} instead.")
+            raise UsageError(f"a bound looks like METRIC=VALUE, e.g. ndcg@5=0.70. Got {item!r} instead.")
+        metric = parse_metric(name).name
         try:
-            out[parse_metric(name).name] = float(value)
-        except ValueError as exc:
-            raise ValueError(f"bad bound {item!r}: {exc}") from exc
+            bound = float(value)
+        except ValueError:
+            raise UsageError(f"the value of a bound must be a number, e.g. ndcg@5=0.70. Got {item!r} instead.") from None
+        if bound != bound:
+            raise UsageError(f"the value of a bound must be a number, e.g. ndcg@5=0.70. Got {item!r} instead.")
+        out[metric] = bound
     return out
-
-
-def _stage_of(run: Run, stage: str | None) -> str:
-    if stage is not None:
-        if stage not in run.stages:
-            raise NotComparableError(f"{run.name} has no stage {stage!r} (stages: {run.stages})")
-        return stage
-    if "final" in run.stages:
-        return "final"
-    if len(run.stages) == 1:
-        return run.stages[0]
-    raise NotComparableError(f"{run.name} has stages {run.stages}; choose one with --stage")
 
 
 def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, stage: str | None = None,
@@ -73,12 +66,12 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
     """Evaluate the bounds on ``run`` (and against ``baseline``); see the module docstring."""
     minimums, max_drops = minimums or {}, max_drops or {}
     if not minimums and not max_drops:
-        raise ValueError("give at least one bound (--min or --max-drop)")
+        raise UsageError("give at least one bound (--min or --max-drop)")
     if max_drops and baseline is None:
-        raise ValueError("--max-drop needs --baseline")
+        raise UsageError("--max-drop needs --baseline")
     metrics = list(dict.fromkeys([*minimums, *max_drops]))
     r = run if isinstance(run, Run) else load_run(run, metrics=metrics)
-    st = _stage_of(r, stage)
+    st = r.focus_stage(stage)
     rows = []
     means = r.scores.summary_wide().loc[st]
     for m, bound in minimums.items():
@@ -88,7 +81,9 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
         b = baseline if isinstance(baseline, Run) else load_run(baseline, testset=r.testset, metrics=metrics)
         if b.testset.hash != r.testset.hash:
             raise NotComparableError("the run and the baseline were collected on different test sets")
-        base_means = b.scores.summary_wide().loc[_stage_of(b, st)]
+        if st not in b.stages:
+            raise NotComparableError(f"the baseline {b.name} has no stage {st!r} (stages: {b.stages})")
+        base_means = b.scores.summary_wide().loc[st]
         for m, drop in max_drops.items():
             d = base_means[m] - means[m]
             rows.append({"check": "max-drop", "metric": m, "value": d,

@@ -38,28 +38,22 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from . import __version__
-from .client import ClientSettings, WeKnoraClient, WeKnoraError, redact_url
-from .errors import WeknoraNbError
-from .files import atomic_path
-from .results import write_results
-from .stages import Stage, resolve_stages
-from .testset import TestSet, load_testset
+from weknora_nb._version import __version__
+from weknora_nb.collect.client import ClientSettings, WeKnoraClient, redact_url
+from weknora_nb.core.errors import RequestFailed, RunExistsError, RunFolderError
+from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS
+from weknora_nb.core.files import atomic_path
+from weknora_nb.core.results import write_results
+from weknora_nb.collect.stages import Stage, resolve_stages
+from weknora_nb.core.testset import TestSet, load_testset
 
-__all__ = ["collect", "collect_async", "RunSummary", "RunExistsError", "read_checkpoint", "iter_runs",
-           "MANIFEST", "RESULTS", "CHUNKS"]
+__all__ = ["collect", "collect_async", "RunSummary", "read_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 #: connections per httpx pool; a collection with more requests in flight uses several pools
 LANE_SIZE = 8
 
-MANIFEST, CHECKPOINT, RESULTS, CHUNKS, ANSWERS = (
-    "manifest.json", "checkpoint.jsonl", "results.parquet", "chunks.parquet", "answers.jsonl")
-
-
-class RunExistsError(WeknoraNbError):
-    """The run folder already holds a run and ``resume`` was not asked for, or it holds a different run."""
 
 
 @dataclass
@@ -123,7 +117,7 @@ def read_checkpoint(path: str | Path) -> dict[tuple[str, str, int], dict[str, An
             if i >= len(lines) - 2:  # only the tail can be torn
                 log.warning("%s: dropping a torn last line (%d bytes)", p, len(line))
                 break
-            raise WeknoraNbError(f"{p}: line {i + 1} is not valid JSON; the checkpoint is damaged") from None
+            raise RunFolderError(f"{p}: line {i + 1} is not valid JSON; the checkpoint is damaged") from None
         records[(rec["query_id"], rec["stage"], int(rec["repeat"]))] = rec
         good_end += len(line) + 1
     if good_end < len(raw):
@@ -256,7 +250,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
         client = lanes[0]
         try:
             manifest["retrieval_config"] = await client.retrieval_config()
-        except WeKnoraError as exc:
+        except RequestFailed as exc:
             manifest["retrieval_config"] = {"unavailable": f"{exc.kind}: {exc}"}
         _write_json_atomic(manifest_path, manifest)
 
@@ -273,7 +267,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                 for q, t in qlist[:warmup]:
                     try:
                         await _call(client, s, kb_ids, t)
-                    except WeKnoraError:
+                    except RequestFailed:
                         pass
 
         bar = None
@@ -296,7 +290,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                         (items, extra), ms = await _timed(client, stage, kb_ids, text)
                         rows, dropped = _rows(items, stage)
                         rec.update(status="ok", latency_ms=round(ms, 3), rows=rows, n_dropped=dropped, **extra)
-                    except WeKnoraError as exc:
+                    except RequestFailed as exc:
                         rec.update(status=exc.kind, latency_ms=None, error=str(exc)[:500], rows=[])
                     ckpt.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     ckpt.flush()
@@ -319,7 +313,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                 write_results(inv, run_dir / CHUNKS)  # any frame: an atomic Parquet write
                 manifest["inventory"] = {"chunks": len(inv), "knowledge": int(inv["knowledge_id"].nunique())
                                          if len(inv) else 0}
-            except WeKnoraError as exc:
+            except RequestFailed as exc:
                 manifest["inventory"] = {"unavailable": f"{exc.kind}: {exc}"}
 
     results = compile_results(done, stage_objs, [q for q, _ in qlist], repeats)
@@ -428,9 +422,3 @@ def collect(*args: Any, **kwargs: Any) -> RunSummary:
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-def iter_runs(root: str | Path) -> Iterable[Path]:
-    """Run folders under ``root`` (those with a manifest), oldest first."""
-    runs = [p.parent for p in Path(root).glob(f"*/{MANIFEST}")]
-    return sorted(runs, key=lambda p: json.loads((p / MANIFEST).read_text(encoding="utf-8")).get("started_at", ""))

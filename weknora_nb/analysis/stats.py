@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from weknora_nb.core.pipeline import significance_warning
+
 __all__ = ["bootstrap_ci", "paired_bootstrap_ci", "randomization_test", "holm", "significance_warning",
            "small_group_warning", "DEFAULT_RESAMPLES", "MIN_GROUP_SIZE"]
 
@@ -116,12 +118,6 @@ def holm(pvalues: np.ndarray) -> np.ndarray:
     return out
 
 
-def significance_warning(n_valid: int, minimum: int = 200) -> str | None:
-    """METHOD.md section 1: fewer than 200 valid queries behind a figure is not significant."""
-    if n_valid < minimum:
-        return (f"Only {n_valid} valid queries back these figures (fewer than {minimum}): they are not "
-                "statistically significant.")
-    return None
 
 
 def small_group_warning(size: int, minimum: int = MIN_GROUP_SIZE) -> str | None:

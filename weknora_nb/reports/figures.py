@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import font_manager
 
-from .tables import TIER_COLOURS
+from weknora_nb.reports.tables import TIER_COLOURS
 
 __all__ = ["use_cjk_font", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
            "delta_bars", "paired_scatter", "latency_cdf"]

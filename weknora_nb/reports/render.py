@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import WeknoraNbError
+from weknora_nb.core.errors import ReportError
+from weknora_nb.core.pipeline import focus_stage
 
 __all__ = ["NOTEBOOKS", "ReportError", "Report", "render_report", "write_index", "notebooks_dir"]
 
@@ -29,16 +30,6 @@ log = logging.getLogger(__name__)
 
 NOTEBOOKS = ("01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare")
 _EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.I)
-
-
-class ReportError(WeknoraNbError):
-    """A notebook failed; its partial notebook and HTML were saved first."""
-
-    def __init__(self, notebook: str, cell: int | None, source: str, ename: str, evalue: str, partial_html: Path):
-        self.notebook, self.cell, self.source = notebook, cell, source
-        self.ename, self.evalue, self.partial_html = ename, evalue, partial_html
-        where = f"cell {cell} ({source!r})" if cell is not None else "an unknown cell"
-        super().__init__(f"notebook {notebook} failed in {where}: {ename}: {evalue} (partial report: {partial_html})")
 
 
 @dataclass
@@ -64,8 +55,8 @@ def _kernel_manager_class():
 
 
 def notebooks_dir() -> Path:
-    """``notebooks/`` of this checkout."""
-    return Path(__file__).resolve().parents[1] / "notebooks"
+    """The notebooks shipped with the package (``weknora_nb/reports/notebooks``; ``notebooks/`` of a checkout)."""
+    return Path(__file__).resolve().parent / "notebooks"
 
 
 def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
@@ -182,10 +173,11 @@ def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, 
 
 def headline(run_dir: Path, baselines: list[str | Path]) -> dict[str, Any]:
     """The figures an index page shows: final-stage means and tiers, counts, and deltas to a baseline."""
-    from .compare import compare_runs, load_run
+    from weknora_nb.analysis.compare import compare_runs
+    from weknora_nb.core.run import load_run
 
     run = load_run(run_dir)
-    stage = "final" if "final" in run.stages else run.stages[0]
+    stage = focus_stage(run.stages) or run.stages[0]
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
                            "counts": run.scores.counts, "warnings": run.scores.warnings}

@@ -30,16 +30,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import Problem, ResultsError
-from .metrics import Metric, RankedLists, compute, parse_metrics
-from .results import ResultCodes, expand_sub_chunks, read_results_for_scoring
-from .testset import MIN_VALID_QUERIES, TestSet
-from .tiers import tier
+from weknora_nb.core.errors import Problem, ResultsError
+from weknora_nb.core.metrics import Metric, RankedLists, compute, parse_metrics
+from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
+from weknora_nb.core.pipeline import significance_warning
+from weknora_nb.core.pipeline import stage_order as _stage_order
+from weknora_nb.core.testset import TestSet
+from weknora_nb.core.tiers import tier
 
-__all__ = ["Scores", "score", "PIPELINE"]
+__all__ = ["Scores", "score"]
 
-#: stages in pipeline order (METHOD.md section 5); other stages follow in the order first seen
-PIPELINE = ("vector", "keyword", "hybrid", "final", "citations")
 
 log = logging.getLogger(__name__)
 
@@ -535,8 +535,7 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
     excluded["repeat"] = excluded["repeat"].astype("Int64")
 
     seen_stages = list(dict.fromkeys(s_uni[r_s]))
-    stage_order = stages if stages is not None else sorted(
-        seen_stages, key=lambda s: (PIPELINE.index(s) if s in PIPELINE else len(PIPELINE), seen_stages.index(s)))
+    stage_order = stages if stages is not None else _stage_order(seen_stages)
     by_repeat = (per_query.groupby(["stage", "repeat"], sort=False)[metric_cols].mean()
                  .join(per_query.groupby(["stage", "repeat"], sort=False).size().rename("n_scored"))
                  .reset_index())
@@ -587,9 +586,9 @@ def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.Path
     counts["complete"] = counts["n_failed"] == 0 and counts["n_missing"] == 0 and counts["n_unknown_query"] == 0
 
     warnings = []
-    if counts["n_valid"] < MIN_VALID_QUERIES:
-        warnings.append(f"Only {counts['n_valid']} valid queries (fewer than {MIN_VALID_QUERIES}): these figures "
-                        "are not statistically significant.")
+    significance = significance_warning(counts["n_valid"])
+    if significance:
+        warnings.append(significance)
     if counts["n_invalid"]:
         warnings.append(f"{counts['n_invalid']} invalid queries (no chunk of grade >= 1) are excluded from every "
                         "mean.")

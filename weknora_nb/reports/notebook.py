@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
-from .compare import Run, load_run
-from .tables import html_table
+from weknora_nb.core.run import Run, flatten, load_run
+from weknora_nb.reports.tables import html_table
 
 __all__ = ["load", "manifest_table", "request_counts", "stage_latencies", "warnings_md", "excluded_table",
            "choose", "md", "show_html", "read_inventory"]
@@ -37,9 +37,7 @@ def show_html(text: str) -> HTML:
 
 def manifest_table(run: Run) -> HTML:
     """What was run against what: the manifest flattened to key / value (it holds no secret)."""
-    from .compare import _flatten
-
-    flat = _flatten({k: v for k, v in run.manifest.items() if k not in ("counts",)})
+    flat = flatten({k: v for k, v in run.manifest.items() if k not in ("counts",)})
     df = pd.DataFrame([(k, json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v)
                        for k, v in flat.items()], columns=["key", "value"])
     return HTML(html_table(df))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .scoring import Scores
+from weknora_nb.core.scoring import Scores
 
 __all__ = ["format_scores"]
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import MetricError
+from weknora_nb.core.errors import MetricError
 
 __all__ = ["Metric", "parse_metric", "parse_metrics", "DEFAULT_METRICS", "FAMILIES", "RankedLists"]
 

@@ -32,14 +32,12 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
-from .errors import Problem, TestSetError
+from weknora_nb.core.errors import Problem, TestSetError
+from weknora_nb.core.pipeline import MIN_VALID_QUERIES
 
-__all__ = ["TestSet", "load_testset", "load_trec_qrels", "MIN_VALID_QUERIES"]
+__all__ = ["TestSet", "load_testset", "load_trec_qrels"]
 
 log = logging.getLogger(__name__)
-
-#: below this many valid queries every report says the figures are not significant
-MIN_VALID_QUERIES = 200
 
 GRADES = (0, 1, 2, 3)
 KNOWN_FIELDS = {"query_id", "query", "relevant", "query_type", "tags", "answer"}

@@ -1,20 +1,8 @@
 """An httpx client for WeKnora's retrieval endpoints, with retries and one exception per failure kind.
 
-::
-
-    WeKnoraError                   (kind: the results table's status value)
-    ├── no response arrived
-    │   ├── ConnectFailed          "connect"     connection refused / reset / DNS
-    │   └── RequestTimeout         "timeout"     connect, read or write timeout
-    ├── a response arrived with an error status
-    │   ├── AuthFailed             "auth"        401 / 403 (also the auth layer's bare {"error": ...})
-    │   ├── NotFound               "not_found"   404
-    │   ├── BadRequest             "bad_request" other 4xx
-    │   ├── RateLimited            "rate_limited" 429 (Retry-After honoured)
-    │   └── ServerFailed           "server"      5xx
-    └── ProtocolFailed             "protocol"    a 2xx body that is not what WeKnora sends:
-                                                 malformed JSON, a missing envelope, an SSE
-                                                 stream cut before its "complete" event
+Failures raise the :class:`~weknora_nb.core.errors.RequestFailed` kinds (``kind`` is the
+status the results table records: connect, timeout, auth, not_found, bad_request,
+rate_limited, server, protocol).
 
 Retries (exponential backoff with full jitter, ``Retry-After`` honoured) on connection
 errors, timeouts, 429 and 5xx; never on other 4xx or protocol errors.
@@ -39,10 +27,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from .errors import WeknoraNbError
+from weknora_nb.core.errors import (
+    AuthFailed,
+    BadRequest,
+    ConnectFailed,
+    NotFound,
+    ProtocolFailed,
+    RateLimited,
+    RequestFailed,
+    RequestTimeout,
+    ServerFailed,
+)
 
-__all__ = ["ClientSettings", "WeKnoraClient", "WeKnoraError", "ConnectFailed", "RequestTimeout", "AuthFailed",
-           "NotFound", "BadRequest", "RateLimited", "ServerFailed", "ProtocolFailed", "ChatResult",
+__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult",
            "redact_url", "API_KEY_ENV"]
 
 log = logging.getLogger(__name__)
@@ -50,52 +47,6 @@ log = logging.getLogger(__name__)
 API_KEY_ENV = "WEKNORA_API_KEY"
 TENANT_ENV = "WEKNORA_TENANT_ID"
 _CITATION = re.compile(r"<kb\b[^>]*?chunk_id=\"([^\"]+)\"[^>]*/?>")
-
-
-class WeKnoraError(WeknoraNbError):
-    """A request to WeKnora failed; ``kind`` is the status recorded in the results table."""
-
-    kind = "error"
-    retryable = False
-
-    def __init__(self, message: str, *, status: int | None = None, code: Any = None,
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
-
-
-class ConnectFailed(WeKnoraError):
-    kind, retryable = "connect", True
-
-
-class RequestTimeout(WeKnoraError):
-    kind, retryable = "timeout", True
-
-
-class AuthFailed(WeKnoraError):
-    kind = "auth"
-
-
-class NotFound(WeKnoraError):
-    kind = "not_found"
-
-
-class BadRequest(WeKnoraError):
-    kind = "bad_request"
-
-
-class RateLimited(WeKnoraError):
-    kind, retryable = "rate_limited", True
-
-
-class ServerFailed(WeKnoraError):
-    kind, retryable = "server", True
-
-
-class ProtocolFailed(WeKnoraError):
-    kind = "protocol"
 
 
 def redact_url(url: str) -> str:
@@ -270,7 +221,7 @@ class WeKnoraClient:
         for attempt in range(1, s.max_attempts + 1):
             try:
                 return await call()
-            except WeKnoraError as exc:
+            except RequestFailed as exc:
                 if not exc.retryable or attempt == s.max_attempts:
                     raise
                 if exc.retry_after is not None:

@@ -1,0 +1,4 @@
+"""Analysis: intervals and tests, stratification, degraded-query causes, comparison, the gate.
+
+Imports the core only.
+"""
