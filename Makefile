@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lab bench clean
+.PHONY: demo test test-fast lint lab bench clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version'
@@ -24,8 +24,16 @@ $(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt
 demo: $(VENV)/.runtime
 	$(BIN)/weknora-nb demo
 
-test: $(VENV)/.testtools
+test: lint
 	$(BIN)/python -m pytest
+
+# everything but the slow end-to-end tests (notebooks rendered, the wheel's demo)
+test-fast: $(VENV)/.testtools
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(VENV)/.testtools
+	$(BIN)/ruff check weknora_nb
+	$(BIN)/mypy
 
 lab: $(VENV)/.runtime
 	$(BIN)/python -m pip install --quiet -r requirements-lab.txt

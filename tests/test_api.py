@@ -9,6 +9,7 @@ import weknora_nb
 def test_all_lists_exactly_the_public_names():
     public = {n for n in dir(weknora_nb) if not n.startswith("_")}
     assert set(weknora_nb.__all__) == public | {"__version__"}
+    assert set(weknora_nb.__all__) == {*weknora_nb._EXPORTS, *weknora_nb._MODULES, "__version__"}
     for name in weknora_nb.__all__:
         assert getattr(weknora_nb, name) is not None
 

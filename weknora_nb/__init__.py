@@ -45,12 +45,24 @@ _EXPORTS = {
 #: analysis modules reachable as ``wk.compare``, ``wk.stratify``, ...
 _MODULES = {name: f"weknora_nb.analysis.{name}" for name in ("compare", "diagnose", "gate", "stats", "stratify")}
 
-__all__ = sorted([*_EXPORTS, *_MODULES, "__version__"])
+__all__ = [
+    "DEFAULT_METRICS", "InputError", "MetricError", "Problem", "ResultsError", "Run", "Scores", "TestSet",
+    "TestSetError", "UsageError", "WeknoraNbError", "__version__", "compare", "diagnose", "gate", "load_run",
+    "load_testset", "load_trec_qrels", "parse_metric", "read_results", "read_trec_run", "score", "stats",
+    "stratify", "tier", "write_results", "write_trec_run",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from weknora_nb.analysis import compare, diagnose, gate, stats, stratify
-    from weknora_nb.core.errors import (InputError, MetricError, Problem, ResultsError, TestSetError, UsageError,
-                                        WeknoraNbError)
+    from weknora_nb.core.errors import (
+        InputError,
+        MetricError,
+        Problem,
+        ResultsError,
+        TestSetError,
+        UsageError,
+        WeknoraNbError,
+    )
     from weknora_nb.core.metrics import DEFAULT_METRICS, parse_metric
     from weknora_nb.core.results import read_results, read_trec_run, write_results, write_trec_run
     from weknora_nb.core.run import Run, load_run

@@ -18,9 +18,9 @@ log = logging.getLogger("weknora_nb")
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from weknora_nb.reports.text import format_scores
     from weknora_nb.core.scoring import score
     from weknora_nb.core.testset import load_testset
+    from weknora_nb.reports.text import format_scores
 
     ts = load_testset(args.testset)
     sc = score(ts, args.results, args.metrics, stages=args.stage or None, domain_adjustment=args.domain_adjustment,

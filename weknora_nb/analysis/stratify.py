@@ -9,16 +9,16 @@ from an editable rules file that works on Chinese and English text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
-from weknora_nb.core.scoring import Scores
 from weknora_nb.analysis.stats import MIN_GROUP_SIZE, bootstrap_ci, small_group_warning
+from weknora_nb.core.scoring import Scores
 from weknora_nb.core.testset import TestSet
 
 __all__ = ["QueryTypeRules", "load_rules", "classify", "stratify", "DIMENSIONS"]

@@ -109,7 +109,7 @@ class WeKnoraClient:
             limits=httpx.Limits(max_connections=settings.max_connections,
                                 max_keepalive_connections=settings.max_connections))
 
-    async def __aenter__(self) -> "WeKnoraClient":
+    async def __aenter__(self) -> WeKnoraClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -30,9 +30,9 @@ import platform
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -40,11 +40,11 @@ import pandas as pd
 
 from weknora_nb._version import __version__
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient, redact_url
+from weknora_nb.collect.stages import Stage, resolve_stages
 from weknora_nb.core.errors import RequestFailed, RunExistsError, RunFolderError
-from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.results import write_results
-from weknora_nb.collect.stages import Stage, resolve_stages
+from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS
 from weknora_nb.core.testset import TestSet, load_testset
 
 __all__ = ["collect", "collect_async", "RunSummary", "read_checkpoint"]
@@ -88,7 +88,7 @@ class RunSummary:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

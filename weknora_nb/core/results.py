@@ -21,9 +21,9 @@ files (:func:`read_trec_run`, :func:`write_trec_run`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -171,7 +171,7 @@ class ResultCodes:
     def __len__(self) -> int:
         return len(self.query)
 
-    def take(self, idx: np.ndarray) -> "ResultCodes":
+    def take(self, idx: np.ndarray) -> ResultCodes:
         """The rows at positions ``idx``, in that order."""
         def t(a):
             return None if a is None else a[idx]
@@ -180,7 +180,7 @@ class ResultCodes:
                            t(self.repeat_na), t(self.rank_na), t(self.latency_ms))
 
     @classmethod
-    def from_frame(cls, df: pd.DataFrame) -> "ResultCodes":
+    def from_frame(cls, df: pd.DataFrame) -> ResultCodes:
         """From a results table as :func:`read_results` returns it."""
         if "status" in df.columns:
             st, sts = _frame_codes(df["status"])
@@ -193,7 +193,7 @@ class ResultCodes:
                    st, sts, rep_na, rank_na, lat)
 
     @classmethod
-    def from_arrow(cls, table: pa.Table, constant: dict | None = None) -> "ResultCodes | None":
+    def from_arrow(cls, table: pa.Table, constant: dict | None = None) -> ResultCodes | None:
         """From a pyarrow Table without going through pandas; None when a column's type
         needs the coercion (and its messages) of :func:`read_results`. ``constant`` gives
         columns left out of ``table`` that hold one value throughout."""
@@ -363,7 +363,7 @@ def _arrow_ints(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
     lo, hi = (lo_hi["min"] or 0), (lo_hi["max"] or 0)
     if lo == hi and len(col):
         return np.broadcast_to(np.int64(lo), (len(col),)), na
-    out = np.empty(len(col), np.int32 if -(1 << 31) <= lo and hi < (1 << 31) else np.int64)
+    out = np.empty(len(col), np.int32 if lo >= -(1 << 31) and hi < (1 << 31) else np.int64)
     at = 0
     for ch in col.chunks:  # chunk by chunk into one array: no intermediate copy of the column
         out[at:at + len(ch)] = ch.to_numpy()

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 
 from weknora_nb.core.errors import Problem, ResultsError
 from weknora_nb.core.metrics import Metric, RankedLists, compute, parse_metrics
-from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
+from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
 from weknora_nb.core.testset import TestSet
 from weknora_nb.core.tiers import tier
 
@@ -196,7 +196,7 @@ class _Relevance:
     ideal_grade: np.ndarray
 
     @classmethod
-    def of(cls, testset: TestSet) -> "_Relevance":
+    def of(cls, testset: TestSet) -> _Relevance:
         qrels = testset.qrels
         g = qrels["grade"].to_numpy()
         rel = pa.array(g >= 1)
@@ -270,7 +270,7 @@ def _first_k_distinct(grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     return top, n_dup
 
 
-def score(testset: TestSet, results: "pd.DataFrame | ResultCodes | str | os.PathLike",
+def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathLike,
           metrics: Iterable[str | Metric] | str | None = None, *,
           stages: Iterable[str] | None = None, domain_adjustment: float = 0.0, sub_chunks: str = "expand",
           source: str | None = None) -> Scores:

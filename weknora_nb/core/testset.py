@@ -25,10 +25,11 @@ import io
 import json
 import logging
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import pandas as pd
 
@@ -68,7 +69,7 @@ class TestSet:
 
     # -- construction ---------------------------------------------------------------
     @classmethod
-    def from_records(cls, records: Iterable[dict[str, Any]], source: str = "<records>") -> "TestSet":
+    def from_records(cls, records: Iterable[dict[str, Any]], source: str = "<records>") -> TestSet:
         """Validate plain dicts (the JSONL schema) and build a test set."""
         return _build(((i, r) for i, r in enumerate(records, start=1)), source, where="record")
 
@@ -118,7 +119,7 @@ class TestSet:
         """The records as plain dicts (canonical JSONL schema), in file order."""
         return [dict(r, relevant=dict(r["relevant"]), tags=list(r.get("tags") or [])) for r in self._records]
 
-    def subset(self, query_ids: Iterable[str]) -> "TestSet":
+    def subset(self, query_ids: Iterable[str]) -> TestSet:
         """A test set holding only ``query_ids`` (file order kept)."""
         keep = set(query_ids)
         return TestSet.from_records([r for r in self.records() if r["query_id"] in keep],

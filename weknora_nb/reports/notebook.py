@@ -8,8 +8,9 @@ and get the static equivalent: every choice a widget offers, shown one after ano
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd

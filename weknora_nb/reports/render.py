@@ -17,9 +17,10 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.pipeline import focus_stage

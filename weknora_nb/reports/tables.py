@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from weknora_nb.core.scoring import Scores
 from weknora_nb.analysis.stats import bootstrap_ci
+from weknora_nb.core.scoring import Scores
 
 __all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table"]
 

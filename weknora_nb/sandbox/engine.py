@@ -26,10 +26,11 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class VersionConfig:
     }
 
     @classmethod
-    def from_dict(cls, name: str, data: dict[str, Any], where: str = "versions") -> "VersionConfig":
+    def from_dict(cls, name: str, data: dict[str, Any], where: str = "versions") -> VersionConfig:
         """Build from the nested YAML form (sections vector, hnsw, keyword, merge, rerank, search)."""
         kwargs: dict[str, Any] = {"name": name, "description": str(data.get("description", ""))}
         for section, value in data.items():
@@ -214,7 +215,7 @@ class Embedder:
     @classmethod
     def key(cls, text: str) -> str:
         """Cache key of a passage: sha256 of the model name and the text."""
-        return hashlib.sha256(f"{cls.name}\0{text}".encode("utf-8")).hexdigest()
+        return hashlib.sha256(f"{cls.name}\0{text}".encode()).hexdigest()
 
     def _cache_file(self) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / f"embeddings-{self.name}.npz"
@@ -378,7 +379,7 @@ class SandboxIndex:
         c = self.chunks[idx]
         return self._by_pos.get((c.knowledge_id, c.chunk_index + offset))
 
-    def warm(self, version: "VersionConfig") -> None:
+    def warm(self, version: VersionConfig) -> None:
         """Build everything ``version`` needs now rather than on the first request."""
         if version.keyword_enabled:
             self.bm25(version.bm25_k1, version.bm25_b)

@@ -136,7 +136,7 @@ class SandboxServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self) -> "SandboxServer":
+    def start(self) -> SandboxServer:
         import uvicorn
 
         index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
@@ -173,7 +173,7 @@ class SandboxServer:
         self._server = None
         self._thread = None
 
-    def __enter__(self) -> "SandboxServer":
+    def __enter__(self) -> SandboxServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -70,7 +70,7 @@ class FaultConfig:
     seed: int | None = None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "FaultConfig":
+    def from_dict(cls, data: dict[str, Any] | None) -> FaultConfig:
         data = dict(data or {})
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known

@@ -17,8 +17,7 @@ __all__ = ["tokenize"]
 _ASCII = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
 _PARTS = re.compile(r"[A-Za-z]+|\d+")
-_STOP = frozenset("的 了 是 在 和 与 或 及 等 也 就 都 而 并 被 把 对 从 向 为 以 于 中 上 下 个 一 这 那 有 我 你 他 它 吗 呢 吧 啊 "
-                  "什么 怎么 如何 哪些 哪个 是否 可以 需要 时候 a an the of to in on for is are be and or how what".split())
+_STOP = frozenset(["的", "了", "是", "在", "和", "与", "或", "及", "等", "也", "就", "都", "而", "并", "被", "把", "对", "从", "向", "为", "以", "于", "中", "上", "下", "个", "一", "这", "那", "有", "我", "你", "他", "它", "吗", "呢", "吧", "啊", "什么", "怎么", "如何", "哪些", "哪个", "是否", "可以", "需要", "时候", "a", "an", "the", "of", "to", "in", "on", "for", "is", "are", "be", "and", "or", "how", "what"])
 
 
 @lru_cache(maxsize=1)
