@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast lint lab bench clean
+.PHONY: demo test test-fast lint lab bench clean wheel-demo
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version'
@@ -41,6 +41,11 @@ lab: $(VENV)/.runtime
 
 bench: $(VENV)/.testtools
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# the wheel, built from the sources and installed in a fresh venv outside the checkout, runs the
+# full demo in an empty folder (what CI checks after `make test`; needs PyPI or a wheel index)
+wheel-demo:
+	PYTHON=$(PYTHON) bash .ci/wheel-demo
 
 clean:
 	rm -rf $(VENV)

@@ -118,7 +118,7 @@ def main() -> None:
         pq_ = sc.per_query.set_index("query_id")
         valid = [q for q in qids if any(g >= 1 for g in rel[q].values())]
 
-        # reference inputs per METHOD.md section 2: grade >= 1 labels; scores encode the returned order
+        # reference inputs per docs/method.md section 2: grade >= 1 labels; scores encode the returned order
         qrels = {q: {c: g for c, g in rel[q].items() if g >= 1} for q in valid}
         order_scores = np.arange(args.ranks, 0, -1, dtype=float)
         idx = {q: i for i, q in enumerate(qids)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -114,9 +115,9 @@ def test_some_answers_span_two_adjacent_chunks(demo_chunks):
     ts = load_testset(demo_dir() / "testset.jsonl")
     pos = {c.id: (c.knowledge_id, c.chunk_index) for c in demo_chunks}
     spanning = 0
-    for qid, grp in ts.qrels[ts.qrels["grade"] == 2].groupby("query_id"):
+    for _, grp in ts.qrels[ts.qrels["grade"] == 2].groupby("query_id"):
         places = sorted(pos[c] for c in grp["chunk_id"])
-        if any(a[0] == b[0] and b[1] - a[1] == 1 for a, b in zip(places, places[1:])):
+        if any(a[0] == b[0] and b[1] - a[1] == 1 for a, b in pairwise(places)):
             spanning += 1
     assert spanning >= 10
 

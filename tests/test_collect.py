@@ -1,7 +1,10 @@
-"""Collection over real HTTP against the sandbox: faults, resume after SIGKILL, no key on disk."""
+"""Collection over real HTTP against the sandbox: faults, resume after SIGKILL, no key on disk; and, without
+a server, the checks of arguments, client settings and stage files, and the checkpoint writer."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -14,11 +17,20 @@ import pandas as pd
 import pytest
 
 from weknora_nb import read_results, score
-from weknora_nb.collect.client import AuthFailed, ClientSettings
-from weknora_nb.collect import collect, read_checkpoint
-from weknora_nb.core.errors import RunExistsError
-from weknora_nb.sandbox import SandboxServer
+from weknora_nb.collect import checkpoint, collect, read_checkpoint
+from weknora_nb.collect.client import AuthFailed, ClientSettings, WeKnoraClient
+from weknora_nb.collect.stages import (
+    DEFAULT_SELECTION,
+    DEFAULT_STAGES,
+    ENDPOINTS,
+    Stage,
+    load_stage_file,
+    resolve_stages,
+)
+from weknora_nb.core.errors import ConfigError, RunExistsError, ServerFailed, UsageError
+from weknora_nb.core.pipeline import PIPELINE, role_of
 from weknora_nb.core.testset import TestSet
+from weknora_nb.sandbox import SandboxServer
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-collect-test-5f2e9a7c1d"
@@ -41,8 +53,13 @@ def sandbox(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def key_in_env(monkeypatch, sandbox):
+def key_in_env(monkeypatch, request):
+    """The key in the environment; for the tests that use the sandbox, no faults before and after."""
     monkeypatch.setenv("WEKNORA_API_KEY", KEY)
+    if "sandbox" not in request.fixturenames:  # a fast test: no server started for it
+        yield
+        return
+    sandbox = request.getfixturevalue("sandbox")
     sandbox.set_faults()
     yield
     sandbox.set_faults()
@@ -81,7 +98,7 @@ def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
     fin = df[df["stage"] == "final"]
     assert fin["model_score"].notna().all() and fin["base_score"].notna().all()
     sc = score(testset, df)
-    assert sc.counts["n_invalid"] == 1 and sc.complete
+    assert sc.counts.n_invalid == 1 and sc.complete
 
 
 def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, monkeypatch):
@@ -122,7 +139,7 @@ def test_each_fault_is_recorded_as_its_kind(tmp_path, sandbox, testset, faults, 
     df = read_results(out / "results.parquet")
     assert len(df) == 22 and set(df["status"]) == {kind} and df["chunk_id"].isna().all()
     sc = score(testset, df)
-    assert sc.counts["failed_by_kind"] == {kind: 22} and sc.per_query.empty  # the invalid query failed too
+    assert sc.counts.failed_by_kind == {kind: 22} and sc.per_query.empty  # the invalid query failed too
     assert json.loads((out / "manifest.json").read_text())["status"] == "incomplete"
     # resume without faults and with retry_failed: every request now ok, none duplicated
     sandbox.set_faults()
@@ -254,3 +271,210 @@ def test_cli_exit_codes(tmp_path, sandbox, testset):
     assert bad.wait(timeout=60) == 1 and "INCOMPLETE" in bad.stdout.read()
     again = run_cli(args + ["--out", str(tmp_path / "b")], env)
     assert again.wait(timeout=60) == 2 and "--resume" in again.stderr.read()
+
+
+# -- without a server: argument checks, client settings, stages, stage files, the checkpoint writer ------
+
+NOWHERE = "http://127.0.0.1:9"  # never contacted: every check below fails before a request is made
+
+
+@pytest.mark.parametrize("kwargs, argument, allowed, got", [
+    ({"repeats": 0}, "--repeats", ">= 1", 0),
+    ({"concurrency": 0}, "--concurrency", ">= 1", 0),
+    ({"warmup": -1}, "--warmup", ">= 0", -1),
+    ({"repeats": 1.5}, "--repeats", ">= 1", 1.5),
+])
+def test_bad_collection_arguments_are_usage_errors_before_anything_is_written(tmp_path, testset, kwargs, argument,
+                                                                               allowed, got):
+    out = tmp_path / "run"
+    with pytest.raises(UsageError) as err:
+        collect(ClientSettings(NOWHERE), "kb", testset, out, progress=False, **kwargs)
+    assert (err.value.argument, err.value.allowed, err.value.got) == (argument, allowed, got)
+    assert str(err.value) == f"{argument} must be {allowed}. Got {got!r} instead."
+    assert not out.exists()
+
+
+def test_no_knowledge_base_id_is_a_usage_error(tmp_path, testset):
+    with pytest.raises(UsageError, match="--kb-id must be one or more non-empty"):
+        collect(ClientSettings(NOWHERE), [], testset, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("kwargs, argument, got", [
+    ({"max_attempts": 0}, "--max-attempts", 0),
+    ({"max_attempts": -2}, "--max-attempts", -2),
+    ({"timeout_s": 0}, "--timeout", 0),
+    ({"timeout_s": -1.0}, "--timeout", -1.0),
+    ({"base_url": "localhost:8080"}, "--base-url", "localhost:8080"),
+    ({"base_url": "ftp://example.org"}, "--base-url", "ftp://example.org"),
+    ({"base_url": "http://"}, "--base-url", "http://"),
+    ({"base_url": ""}, "--base-url", ""),
+])
+def test_client_settings_are_checked_when_made(kwargs, argument, got):
+    kwargs = {"base_url": NOWHERE, **kwargs}
+    with pytest.raises(UsageError) as err:
+        ClientSettings(**kwargs)
+    assert err.value.argument == argument and err.value.got == got
+    assert str(err.value).startswith(f"{argument} must be ")
+    with pytest.raises(UsageError):  # and when they are copied with a change
+        dataclasses.replace(ClientSettings(NOWHERE), **kwargs)
+
+
+def test_a_rejected_base_url_shows_no_credentials():
+    with pytest.raises(UsageError) as err:
+        ClientSettings("admin:s3cret@weknora.local:8080/?token=t0ken")
+    assert "s3cret" not in str(err.value) and "t0ken" not in str(err.value)
+    assert err.value.got == "***@weknora.local:8080/"
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_a_retryable_failure_is_tried_max_attempts_times(max_attempts):
+    calls = []
+
+    async def failing() -> None:
+        calls.append(1)
+        raise ServerFailed("HTTP 503")
+
+    async def run() -> None:
+        settings = ClientSettings(NOWHERE, max_attempts=max_attempts, backoff_base_s=0.001, backoff_max_s=0.001)
+        async with WeKnoraClient(settings) as client:
+            await client._with_retries(failing)
+
+    with pytest.raises(ServerFailed):
+        asyncio.run(run())
+    assert len(calls) == max_attempts
+
+
+@pytest.mark.parametrize("args", [["--max-attempts", "0"], ["--timeout", "0"], ["--repeats", "0"],
+                                  ["--concurrency", "0"], ["--warmup", "-1"], ["--base-url", "127.0.0.1:8080"],
+                                  ["--stages", "final,nope"]])
+def test_cli_names_a_bad_argument_and_exits_2(tmp_path, args):
+    options = {"--base-url": NOWHERE, "--kb-id": "kb", "--testset": str(tmp_path / "no-such-testset.jsonl"),
+               "--out": str(tmp_path / "run"), args[0]: args[1]}
+    argv = [x for item in options.items() for x in item] + ["--quiet"]
+    proc = run_cli(argv, {**os.environ, "WEKNORA_API_KEY": KEY})
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and args[0] in stderr and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "run").exists()  # checked before the test set is read or anything is written
+
+
+def test_unknown_and_missing_stages_are_usage_errors():
+    extra = {"hybrid-100": Stage("hybrid-100", "hybrid-search", {"match_count": 100})}
+    with pytest.raises(UsageError) as err:
+        resolve_stages("final,nope,hybrid-10", extra)
+    assert err.value.argument == "--stages" and err.value.got == ["nope", "hybrid-10"]
+    assert err.value.allowed == ["citations", "final", "hybrid", "hybrid-100", "keyword", "vector"]
+    for empty in ("", " , ", []):
+        with pytest.raises(UsageError, match="--stages must be at least one stage"):
+            resolve_stages(empty)
+    assert [s.name for s in resolve_stages("final, hybrid,final")] == ["final", "hybrid"]
+    assert resolve_stages([extra["hybrid-100"], "final"]) == [extra["hybrid-100"], DEFAULT_STAGES["final"]]
+    with pytest.raises(UsageError, match="two different stages named 'final'"):
+        resolve_stages(["final", Stage("final", "chat")])
+
+
+def test_a_stage_with_an_unknown_endpoint_is_a_usage_error():
+    with pytest.raises(UsageError) as err:
+        Stage("x", "vector-search")
+    assert err.value.allowed == list(ENDPOINTS) and err.value.got == "vector-search"
+    assert str(err.value) == ("the endpoint of stage 'x' must be one of hybrid-search, knowledge-search, chat. "
+                              "Got 'vector-search' instead.")
+
+
+def test_built_in_stages_follow_the_pipeline():
+    assert tuple(DEFAULT_STAGES) == PIPELINE
+    for name, stage in DEFAULT_STAGES.items():  # what each measures, read from its definition alone
+        assert role_of("custom", stage.to_dict()) == name
+    assert DEFAULT_SELECTION == "vector,keyword,hybrid,final"  # the chat endpoint only when asked for
+
+
+def test_a_stage_file_defines_stages(tmp_path):
+    p = tmp_path / "stages.yaml"
+    p.write_text("stages:\n"
+                 "  hybrid-100:\n    endpoint: hybrid-search\n    params: {match_count: 100}\n"
+                 "  final-all:\n    endpoint: knowledge-search\n    keep_match_types: null\n"
+                 "  answers:\n    endpoint: chat\n    keep_match_types: [0]\n")
+    stages = load_stage_file(p)
+    assert stages == {"hybrid-100": Stage("hybrid-100", "hybrid-search", {"match_count": 100}),
+                      "final-all": Stage("final-all", "knowledge-search", {}, None),
+                      "answers": Stage("answers", "chat", {}, (0,))}
+    assert [s.name for s in resolve_stages("final,hybrid-100", stages)] == ["final", "hybrid-100"]
+
+
+def test_every_problem_of_a_stage_file_is_reported_at_once(tmp_path):
+    p = tmp_path / "stages.yaml"
+    p.write_text("stages:\n"                                   # 1
+                 "  ok:\n    endpoint: chat\n"                 # 2-3
+                 "  scalar: 3\n"                               # 4
+                 "  no-endpoint:\n    params: {a: 1}\n"        # 5-6
+                 "  bad-endpoint:\n    endpoint: vector\n"     # 7-8
+                 "  bad-params:\n    endpoint: chat\n    params: [1, 2]\n"             # 9-11
+                 "  bad-keep:\n    endpoint: chat\n    keep_match_types: [0, one]\n"   # 12-14
+                 "  bool-keep:\n    endpoint: chat\n    keep_match_types: true\n")     # 15-17
+    with pytest.raises(ConfigError) as err:
+        load_stage_file(p)
+    found = [(q.line, q.field) for q in err.value.problems]
+    assert found == [(4, "stages.scalar"), (5, "stages.no-endpoint.endpoint"), (8, "stages.bad-endpoint.endpoint"),
+                     (11, "stages.bad-params.params"), (14, "stages.bad-keep.keep_match_types"),
+                     (17, "stages.bool-keep.keep_match_types")]
+    assert all(q.path == str(p) for q in err.value.problems)
+    assert "hybrid-search, knowledge-search, chat" in str(err.value) and "'vector'" in str(err.value)
+    assert str(err.value).startswith(f"configuration file {p} has 6 problem(s):")
+
+
+@pytest.mark.parametrize("text, line, field, message", [
+    (None, None, None, "does not exist"),
+    ("stages:\n  a: {endpoint: chat\n  b: 1\n", 3, None, "not valid YAML"),
+    ("", None, "stages", "missing"),
+    ("other: 1\n", None, "stages", "missing"),
+    ("- a\n- b\n", None, "stages", "missing"),
+    ("stages: [final]\n", 1, "stages", "not a mapping of stage names"),
+    ("stages:\n", 1, "stages", "not a mapping of stage names"),
+])
+def test_an_unusable_stage_file_is_a_config_error(tmp_path, text, line, field, message):
+    p = tmp_path / "stages.yaml"
+    if text is not None:
+        p.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_stage_file(p)
+    [problem] = err.value.problems
+    assert (problem.path, problem.line, problem.field) == (str(p), line, field)
+    assert message in problem.message
+
+
+def test_read_checkpoint_is_one_function_everywhere():
+    import weknora_nb.collect.collector as collector
+
+    assert read_checkpoint is collector.read_checkpoint is checkpoint.read_checkpoint
+
+
+def test_the_checkpoint_writer_appends_every_record(tmp_path):
+    p = tmp_path / "checkpoint.jsonl"
+    p.write_text(json.dumps({"query_id": "old", "stage": "final", "repeat": 1, "status": "server"}) + "\n")
+    records = [{"query_id": f"q{i}", "stage": "final", "repeat": 1, "status": "ok", "rows": [[1, "c", 0.5]]}
+               for i in range(500)] + [{"query_id": "old", "stage": "final", "repeat": 1, "status": "ok"}]
+
+    async def write() -> None:
+        async with checkpoint.CheckpointWriter(p) as ckpt:
+            for i, rec in enumerate(records):
+                ckpt.append(rec)
+                if i % 50 == 0:
+                    await asyncio.sleep(0)  # let the writer thread interleave
+
+    asyncio.run(write())
+    back = read_checkpoint(p)
+    assert len(back) == 501 and back[("old", "final", 1)]["status"] == "ok"
+    assert [back[(r["query_id"], "final", 1)] for r in records] == records
+    assert len(p.read_text().splitlines()) == 502  # appended after what was there
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail)")
+def test_a_failed_checkpoint_write_is_raised_on_the_event_loop():
+    async def write() -> None:
+        async with checkpoint.CheckpointWriter("/dev/full") as ckpt:
+            ckpt.append({"query_id": "a", "stage": "final", "repeat": 1})
+            await asyncio.sleep(0.2)  # the writer thread has failed by now
+            ckpt.append({"query_id": "b", "stage": "final", "repeat": 1})
+
+    with pytest.raises(OSError, match="No space left"):
+        asyncio.run(write())

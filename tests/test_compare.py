@@ -15,7 +15,7 @@ from weknora_nb import write_results
 from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect
 from weknora_nb.analysis.compare import compare_runs, config_diff, history
-from weknora_nb.core.errors import NotComparableError
+from weknora_nb.core.errors import ConfigError, NotComparableError
 from weknora_nb.core.run import load_run
 from weknora_nb.analysis.gate import gate, parse_bounds
 from weknora_nb.sandbox import SandboxServer, demo_dir
@@ -155,7 +155,7 @@ def test_rules_are_an_editable_file(tmp_path):
     rules = load_rules(f)
     assert classify(["差旅报销流程", "how to fix"], rules) == ["billing", "other"]
     f.write_text("order: [x]\ntypes: {}\n")
-    with pytest.raises(ValueError, match="without patterns"):
+    with pytest.raises(ConfigError, match="without patterns"):
         load_rules(f)
 
 

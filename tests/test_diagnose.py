@@ -106,3 +106,73 @@ def test_drilldown_shows_labels_and_stage_lists():
     assert list(dd["labels"]["chunk_id"]) == ["d:5", "d:6"] and dd["labels"]["content"].iloc[0] == "chunk 5"
     assert list(dd["returned"]["final"]["chunk_id"]) == ["d:4", "d:8", "d:9"]
     assert list(dd["returned"]["vector"]["grade"]) == [0, 1]
+
+
+CUSTOM_DEFS = {
+    "vector": {"endpoint": "hybrid-search", "params": {"disable_keywords_match": True}},
+    "keyword": {"endpoint": "hybrid-search", "params": {"disable_vector_match": True}},
+    "hybrid-100": {"endpoint": "hybrid-search", "params": {"match_count": 100}},
+    "final-b": {"endpoint": "knowledge-search", "params": {}},
+}
+
+
+def run_custom(labels: dict, stages: dict[str, list], definitions: dict | None):
+    ts = TestSet.from_records([{"query_id": "q", "query": "问题", "relevant": labels}])
+    rows = [("q", st, 1, i + 1, c, 1.0 - i * 0.01) for st, chunks in stages.items() for i, c in enumerate(chunks)]
+    df = results_frame(rows)
+    sc = score(ts, df, ["recall@3", "recall@10", "ndcg@10"])
+    return diagnose(sc, ts, df, inventory=INV, k=K, stage_definitions=definitions)
+
+
+def causes_at(d, stage: str) -> set:
+    row = d.degraded[d.degraded["stage"] == stage]
+    return set(row["causes"].iloc[0]) if len(row) else set()
+
+
+def test_custom_stages_get_upstream_stages_and_causes_from_their_definition():
+    # d:5: found by the keyword path, dropped by the merge (hybrid-100); d:6: in hybrid-100's top K, reranked out
+    stages = {"final-b": ["d:1", "d:2", "d:3", "d:6"], "vector": ["d:1"], "keyword": ["d:5"],
+              "hybrid-100": ["d:1", "d:2", "d:6"]}
+    d = run_custom({"d:5": 3, "d:6": 3}, stages, CUSTOM_DEFS)
+    assert causes_at(d, "hybrid-100") == {"vector miss", "chunk split"}
+    assert causes_at(d, "final-b") == {"vector miss", "lost in merge", "rerank demoted"}
+    builtin = run_custom({"d:5": 3, "d:6": 3}, {"vector": stages["vector"], "keyword": stages["keyword"],
+                                                "hybrid": stages["hybrid-100"], "final": stages["final-b"]}, None)
+    assert causes_at(builtin, "hybrid") == causes_at(d, "hybrid-100")
+    assert causes_at(builtin, "final") == causes_at(d, "final-b")
+    final_b = d.degraded.set_index("stage").loc["final-b", "evidence"]
+    assert "rerank demoted: d:6 (grade 3): rank 3 before rerank, rank 4 after" in final_b
+    assert list(d.summary().columns) == ["vector", "hybrid-100", "final-b"]  # pipeline order from the definitions
+    # without the definitions the custom stages have no role: nothing upstream, only what the stage shows
+    d = run_custom({"d:5": 3, "d:6": 3}, stages, None)
+    assert causes_at(d, "hybrid-100") == {"chunk split"} and causes_at(d, "final-b") == set()
+    assert list(d.summary().columns) == ["vector", "final-b", "hybrid-100"]
+
+
+def test_a_builtin_stage_is_preferred_over_a_custom_one_of_its_role():
+    # final's hybrid path is the built-in hybrid (d:5 in its top K: demoted), not hybrid-100 (d:5 absent)
+    stages = {"hybrid-100": ["d:1", "d:2", "d:3"], "hybrid": ["d:5", "d:1", "d:2"], "final": ["d:1", "d:2", "d:3"]}
+    d = run_custom({"d:5": 3}, stages, {"hybrid-100": CUSTOM_DEFS["hybrid-100"]})
+    assert "rerank demoted" in causes_at(d, "final")
+
+
+def test_a_new_cause_is_one_registered_function():
+    from weknora_nb.analysis import diagnose as dg
+
+    @dg.cause("test: lost grade 3", level="chunk")
+    def _lost_grade_3(lost: dg.LostChunk) -> list[str]:
+        return [f"{lost.chunk_id} at {lost.query.stage}"] if lost.grade == 3 else []
+    try:
+        d = run({"d:5": 3, "d:6": 2}, {"final": ["d:1", "d:2", "d:3"]})
+        assert causes(d) == {"test: lost grade 3"}
+        assert d.degraded["evidence"].iloc[0] == ["test: lost grade 3: d:5 at final"]
+        assert d.summary().loc["test: lost grade 3", "final"] == 1
+        assert dg.causes()[:len(dg.CAUSES)] == dg.CAUSES
+    finally:
+        del dg._REGISTRY["test: lost grade 3"]
+
+
+def test_causes_keep_their_report_order():
+    from weknora_nb.analysis.diagnose import CAUSES
+    assert CAUSES == ("label/KB mismatch", "threshold filtered", "vector miss", "lost in merge", "rerank demoted",
+                      "chunk split", "grade inversion")

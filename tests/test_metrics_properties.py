@@ -29,7 +29,7 @@ def test_every_metric_is_between_0_and_1(rel, returned):
         assert not any(g >= 1 for g in rel.values())
         return
     vals = sc.per_query[ALL].to_numpy()
-    assert np.all((vals >= 0) & (vals <= 1 + 1e-12)), dict(zip(ALL, vals[0]))
+    assert np.all((vals >= 0) & (vals <= 1 + 1e-12)), dict(zip(ALL, vals[0], strict=True))
 
 
 @settings(max_examples=60, deadline=None)
@@ -78,9 +78,12 @@ def test_inputs_are_not_mutated():
     ("ndcg@5:cubic", "variants"),
 ])
 def test_unknown_metric_names_are_refused_with_the_registry(bad, fragment):
+    """The message says what is allowed (``fragment``) and quotes the name given."""
     with pytest.raises(MetricError) as err:
         parse_metric(bad)
-    assert fragment in str(err.value) and repr(bad) in str(err.value) or fragment in str(err.value)
+    message = str(err.value)
+    assert fragment in message, message
+    assert repr(bad) in message, message
     assert isinstance(err.value, ValueError)
 
 

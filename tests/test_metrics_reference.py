@@ -2,7 +2,7 @@
 
 The inputs hold what real runs hold: ties in scores, duplicate chunk ids, lists shorter
 than K, grade-0 labels, unlabelled (invalid) queries, empty lists and failed requests.
-METHOD.md section 2 is applied to the reference inputs first, written out plainly here:
+docs/method.md section 2 is applied to the reference inputs first, written out plainly here:
 failed requests and invalid queries dropped, duplicates removed (first kept), and
 scores that encode the returned order (pytrec_eval re-sorts by score, ties by id).
 """
@@ -55,10 +55,10 @@ def random_case(seed: int):
 
 
 def reference_inputs(records, rows):
-    """METHOD.md section 2 applied by hand: (qrels, run) keyed by 'qid|stage|repeat'."""
+    """docs/method.md section 2 applied by hand: (qrels, run) keyed by 'qid|stage|repeat'."""
     labels = {r["query_id"]: {c: g for c, g in r["relevant"].items() if g >= 1} for r in records}
     lists: dict[str, list[str]] = {}
-    for qid, stage, rep, rank, chunk, _score, status in rows:
+    for qid, stage, rep, _rank, chunk, _score, status in rows:
         if status != "ok" or not labels[qid]:
             continue
         key = f"{qid}|{stage}|{rep}"
@@ -74,7 +74,7 @@ def ours(ts, res, metrics):
     sc = score(ts, res, metrics)
     pq = sc.per_query
     keys = pq["query_id"] + "|" + pq["stage"] + "|" + pq["repeat"].astype(str)
-    return {m: dict(zip(keys, pq[m])) for m in metrics}
+    return {m: dict(zip(keys, pq[m], strict=True)) for m in metrics}
 
 
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
@@ -138,9 +138,9 @@ def test_random_case_really_holds_the_edge_cases():
     for seed in range(20):
         ts, res, records, rows = random_case(seed)
         sc = score(ts, res, ["recall@10"])
-        seen["failed"] += sc.counts["n_failed"]
-        seen["dups"] += sc.counts["n_duplicates_removed"]
-        seen["invalid"] += sc.counts["n_invalid"]
+        seen["failed"] += sc.counts.n_failed
+        seen["dups"] += sc.counts.n_duplicates_removed
+        seen["invalid"] += sc.counts.n_invalid
         seen["empty"] += int((sc.per_query["n_returned"] == 0).sum())
         seen["short"] += int((sc.per_query["n_returned"].between(1, 9)).sum())
         seen["grade0"] += int((ts.qrels["grade"] == 0).sum())

@@ -1,4 +1,4 @@
-"""METHOD.md section 3 worked example and section 2 rules, computed by hand."""
+"""docs/method.md section 3 worked example and section 2 rules, computed by hand."""
 
 import math
 
@@ -59,7 +59,7 @@ def test_duplicates_count_once_at_first_position(worked_testset):
     for m in ("ndcg@5", "mrr@20", "recall@2"):
         assert sc.per_query.iloc[0][m] == pytest.approx(dedup.per_query.iloc[0][m], abs=1e-15)
     assert sc.per_query.iloc[0]["recall@2"] == pytest.approx(2 / 3)  # A moved up to position 2
-    assert sc.counts["n_duplicates_removed"] == 1
+    assert sc.counts.n_duplicates_removed == 1
     assert sc.per_query.iloc[0]["n_duplicates"] == 1
     assert any("duplicate" in w for w in sc.warnings)
 
@@ -75,7 +75,7 @@ def test_failed_request_is_excluded_and_empty_list_scores_zero():
     pq = sc.per_query.set_index("query_id")["recall@5"]
     assert pq.to_dict() == {"ok": 1.0, "empty": 0.0}
     assert sc.summary.loc[0, "mean"] == pytest.approx(0.5)  # failed is not a zero
-    assert sc.counts["n_failed"] == 1 and sc.counts["failed_by_kind"] == {"server": 1}
+    assert sc.counts.n_failed == 1 and sc.counts.failed_by_kind == {"server": 1}
     assert not sc.complete
     ex = sc.excluded.set_index("query_id")["reason"]
     assert ex["broken"] == "failed: server"
@@ -90,7 +90,7 @@ def test_invalid_queries_are_counted_and_listed_never_scored():
     rows = ranked("v", ["A"]) + ranked("zero", ["A"]) + ranked("none", ["A"])
     sc = score(ts, results_frame(rows), ["recall@5", "ndcg@5"])
     assert sc.per_query["query_id"].tolist() == ["v"]
-    assert sc.counts["n_invalid"] == 2 and sc.counts["invalid_ids"] == ["zero", "none"]
+    assert sc.counts.n_invalid == 2 and sc.counts.invalid_ids == ["zero", "none"]
     assert set(sc.excluded["query_id"]) == {"zero", "none"}
     assert sc.complete  # invalid queries do not make the run incomplete
     assert any("invalid" in w for w in sc.warnings)
@@ -129,7 +129,7 @@ def test_missing_and_unknown_requests_are_reported():
     rows = ranked("a", ["A"], repeat=1) + ranked("a", ["A"], repeat=2) + ranked("b", ["A"], repeat=1) \
         + ranked("stranger", ["A"])
     sc = score(ts, results_frame(rows), ["hit@1"])
-    assert sc.counts["n_missing"] == 1 and sc.counts["n_unknown_query"] == 1
+    assert sc.counts.n_missing == 1 and sc.counts.n_unknown_query == 1
     reasons = sc.excluded.set_index(["query_id"])["reason"].to_dict()
     assert reasons["b"].startswith("missing") and reasons["stranger"].startswith("unknown")
     assert not sc.complete
@@ -149,4 +149,4 @@ def test_repeat_numbers_need_not_be_consecutive():
     rows = ranked("q", ["A"], repeat=1) + ranked("q", ["B", "A"], repeat=5)
     sc = score(ts, results_frame(rows), ["mrr@10"])
     assert sc.by_repeat[["repeat", "mrr@10"]].values.tolist() == [[1, 1.0], [5, 0.5]]
-    assert sc.counts["repeats"] == [1, 5]
+    assert sc.counts.repeats == [1, 5]

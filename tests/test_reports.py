@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
+import nbformat
+import papermill as pm
+import pandas as pd
 import pytest
 
 from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect
 from weknora_nb.core.errors import ReportError
-from weknora_nb.reports.render import NOTEBOOKS, render_report
+from weknora_nb.core.run import load_run
+from weknora_nb.reports import figures, tables
+from weknora_nb.reports import notebook as wn
+from weknora_nb.reports.render import NOTEBOOKS, _kernel_manager_class, headline, notebooks_dir, render_report
 from weknora_nb.sandbox import SandboxServer, demo_dir
 from weknora_nb.core.testset import TestSet, load_testset
 
@@ -29,6 +39,30 @@ SECTIONS = {
 }
 
 
+@contextmanager
+def stderr_and_logs(lines: list[str]):
+    """Collect what is written to file descriptor 2 (this process and the kernels it starts) and every
+    log record of level ERROR or above, as lines, into ``lines``."""
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.getMessage()}")
+    handler = Collect(logging.ERROR)
+    logging.getLogger().addHandler(handler)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            logging.getLogger().removeHandler(handler)
+            f.seek(0)
+            lines.extend(f.read().decode("utf-8", "replace").splitlines())
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """A slice of the demo: its knowledge base plus one document whose text holds a <script>,
@@ -40,12 +74,14 @@ def reports(tmp_path_factory):
     shutil.copytree(demo_dir() / "cache", data / "cache")
     shutil.copy(demo_dir() / "versions.yaml", data / "versions.yaml")
     (data / "docs" / "policies" / "99-page-scripts.md").write_text(
-        f"# 页面脚本说明\n\n## 嵌入脚本的页面\n\n门户首页嵌入了一段脚本 {EVIL} 用来统计访问量，上线前须经安全组审查。\n",
+        f"# 页面脚本说明\n\n## 嵌入脚本的页面\n\n门户首页嵌入了一段脚本 {EVIL} 用来统计访问量，"
+        "上线前须经安全组审查。\n",
         encoding="utf-8")
     full = load_testset(demo_dir() / "testset.jsonl")
     recs = full.subset(full.queries["query_id"].tolist()[::12]).records()
+    # mislabelled: degraded, drilled into
     recs.append({"query_id": "xss", "query": "门户首页嵌入的统计脚本要谁审查？", "query_type": "factual",
-                 "tags": ["long-tail"], "relevant": {"policies.09-access-requests:000": 3}})  # mislabelled: degraded, drilled into
+                 "tags": ["long-tail"], "relevant": {"policies.09-access-requests:000": 3}})
     ts = tmp / "testset.jsonl"
     TestSet.from_records(recs).to_jsonl(ts)
     old = os.environ.get("WEKNORA_API_KEY")
@@ -55,23 +91,25 @@ def reports(tmp_path_factory):
             with SandboxServer(v, data_dir=data, cache_dir=tmp / "cache") as sb:
                 collect(ClientSettings(sb.base_url), sb.kb_id, ts, tmp / "runs" / v, repeats=2, warmup=1,
                         stages="vector,keyword,hybrid,final,citations", progress=False, system=sb.describe())
-        rep = render_report(tmp / "runs" / "rerank", [tmp / "runs" / "baseline"], out_root=tmp / "reports")
+        with stderr_and_logs([]) as stderr:
+            rep = render_report(tmp / "runs" / "rerank", [tmp / "runs" / "baseline"], out_root=tmp / "reports")
     finally:
         if old is None:
             os.environ.pop("WEKNORA_API_KEY")
         else:
             os.environ["WEKNORA_API_KEY"] = old
-    return tmp, rep
+    return tmp, rep, stderr
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS)
 def test_every_notebook_renders_its_sections_without_errors(reports, nb):
-    tmp, rep = reports
+    tmp, rep, _ = reports
     page = rep.pages[nb].read_text(encoding="utf-8")
     for title in SECTIONS[nb]:
         assert title in page, f"{nb}: section {title!r} missing"
     assert 'data-mime-type="application/vnd.jupyter.stderr"' not in page
-    assert "Traceback" not in page and 'class="jp-OutputArea-output" data-mime-type="application/vnd.jupyter.error"' not in page
+    assert "Traceback" not in page
+    assert 'class="jp-OutputArea-output" data-mime-type="application/vnd.jupyter.error"' not in page
     assert not re.search(r'<script[^>]+src="https?://', page)  # self-contained
 
 
@@ -88,7 +126,7 @@ def test_tier_colours_and_counts_in_the_metric_report(reports):
 
 
 def test_knowledge_base_text_is_escaped(reports):
-    tmp, rep = reports
+    tmp, rep, _ = reports
     shown = 0
     for nb, page in rep.pages.items():
         text = page.read_text(encoding="utf-8")
@@ -98,7 +136,7 @@ def test_knowledge_base_text_is_escaped(reports):
 
 
 def test_no_secret_anywhere_in_the_reports(reports):
-    tmp, rep = reports
+    tmp, rep, _ = reports
     for p in (tmp / "reports").rglob("*"):
         if p.is_file():
             assert KEY.encode() not in p.read_bytes(), p
@@ -115,14 +153,162 @@ def test_index_links_the_notebooks_with_headline_figures(reports):
 
 
 def test_a_failing_notebook_leaves_a_partial_report_and_names_the_cell(reports):
-    tmp, _ = reports
+    tmp, _, _ = reports
+    missing = tmp / "no-such-rules.yaml"
     with pytest.raises(ReportError) as err:
         render_report(tmp / "runs" / "rerank", out_root=tmp / "broken", notebooks=["03_stratify"],
-                      parameters={"stage": "no-such-stage"})
-    assert err.value.notebook == "03_stratify" and "no-such-stage" in str(err.value)
+                      parameters={"rules_path": str(missing)})
+    assert err.value.notebook == "03_stratify" and "no-such-rules.yaml" in str(err.value)
     assert "stratify(" in err.value.source and f"cell {err.value.cell}" in str(err.value)
     assert err.value.partial_html.exists()
+    assert "no-such-rules.yaml" in err.value.partial_html.read_text(encoding="utf-8")
+
+
+def test_an_unknown_stage_fails_in_the_setup_call_naming_the_stages(reports):
+    tmp, _, _ = reports
+    with pytest.raises(ReportError) as err:
+        render_report(tmp / "runs" / "rerank", out_root=tmp / "broken-stage", notebooks=["03_stratify"],
+                      parameters={"stage": "no-such-stage"})
+    assert err.value.notebook == "03_stratify" and "no-such-stage" in str(err.value)
+    failed = nbformat.read(err.value.partial_html.with_suffix(".ipynb"), as_version=4).cells[err.value.cell - 1]
+    assert "open_run(" in failed.source and "UsageError" in str(err.value)
+    assert "vector, keyword, hybrid, final, citations" in str(err.value)
     assert "no-such-stage" in err.value.partial_html.read_text(encoding="utf-8")
+
+
+def injected(executed: Path) -> set[str]:
+    """The names of the parameters papermill injected into an executed notebook."""
+    nb = nbformat.read(executed, as_version=4)
+    cells = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    return set(re.findall(r"^(\w+) = ", cells[0].source, flags=re.M)) if cells else set()
+
+
+def test_each_notebook_gets_only_the_parameters_it_declares(reports):
+    tmp, rep, _ = reports
+    for nb in NOTEBOOKS:
+        declared = set(pm.inspect_notebook(str(notebooks_dir() / f"{nb}.ipynb")))
+        got = injected(rep.folder / f"{nb}.ipynb")
+        assert "run_dir" in got and got <= declared, nb
+    assert "baseline_dirs" in injected(rep.folder / "05_compare.ipynb")
+    assert "baseline_dirs" not in injected(rep.folder / "02_metrics.ipynb")
+    assert "interactive" not in injected(rep.folder / "01_collect.ipynb")
+
+
+def test_the_notebooks_are_committed_without_outputs():
+    for nb in NOTEBOOKS:
+        book = nbformat.read(notebooks_dir() / f"{nb}.ipynb", as_version=4)
+        code = [c for c in book.cells if c.cell_type == "code"]
+        assert "parameters" in code[0].metadata.get("tags", []), nb
+        assert all(not c.outputs and c.execution_count is None for c in code), nb
+        assert sum("open_run(" in c.source or "open_collection(" in c.source for c in code) == 1, nb
+
+
+def test_a_comparison_without_baseline_says_so_once_and_shows_the_history(reports):
+    tmp, _, _ = reports
+    rep = render_report(tmp / "runs" / "baseline", out_root=tmp / "alone", notebooks=["05_compare"])
+    page = rep.pages["05_compare"].read_text(encoding="utf-8")
+    assert page.count("No baseline was given") == 1 and "History" in page
+    for section in ("Configuration difference", "Deltas", "Latency cost", "Recommendation"):
+        assert section not in page
+    assert "Traceback" not in page and 'data-mime-type="application/vnd.jupyter.stderr"' not in page
+    assert "No baseline given" in rep.index.read_text(encoding="utf-8")
+    with_baseline = reports[1].pages["05_compare"].read_text(encoding="utf-8")
+    assert "No baseline was given" not in with_baseline
+
+
+def styled_colours(page: str) -> dict[tuple[str, str], str]:
+    """(stage, metric) -> background colour of each cell of the tier table in ``page`` (a Styler's HTML)."""
+    rows = dict(re.findall(r'<th [^>]*\bid="(T_\w+_level0_row\d+)"[^>]*>([^<]+)</th>', page))
+    cols = dict(re.findall(r'<th [^>]*\bid="(T_\w+_level0_col\d+)"[^>]*>([^<]+)</th>', page))
+    colours: dict[tuple[str, str], str] = {}
+    for selectors, colour in re.findall(r"((?:#T_\w+_row\d+_col\d+(?:, )?)+) \{\s*background-color: (#\w+);", page):
+        for uid, r, c in re.findall(r"#(T_\w+)_row(\d+)_col(\d+)", selectors):
+            colours[(rows[f"{uid}_level0_row{r}"], cols[f"{uid}_level0_col{c}"])] = colour
+    return colours
+
+
+def test_domain_adjustment_reaches_the_tier_colours(reports):
+    tmp, rep, _ = reports
+    run_dir = tmp / "runs" / "rerank"
+    plain, adjusted = load_run(run_dir).scores, load_run(run_dir, domain_adjustment=0.1).scores
+    before, after = plain.summary_wide("tier"), adjusted.summary_wide("tier")
+    moved = [(s, m) for s in after.index for m in after.columns
+             if isinstance(after.loc[s, m], str) and after.loc[s, m] != before.loc[s, m]]
+    assert moved  # 30 tiered cells: some lie within 10 % below a bound
+    # the table functions: colours follow the scores' adjusted tiers, the caption says so
+    html = tables.style_tiers(tables.metric_table(adjusted, resamples=100)).to_html()
+    colours = styled_colours(html)
+    assert all(colours[c] == tables.TIER_COLOURS[after.loc[c]] for c in moved)
+    assert "thresholds lowered by 10%" in html
+    assert styled_colours(tables.style_tiers(tables.metric_table(plain, resamples=100)).to_html())[moved[0]] \
+        == tables.TIER_COLOURS[before.loc[moved[0]]]
+    # the rendered notebook: 02 run with domain_adjustment=0.1 (the other notebooks' parameters dropped)
+    adj = render_report(run_dir, out_root=tmp / "adjusted", notebooks=["02_metrics"],
+                        parameters={"domain_adjustment": 0.1, "rules_path": None, "k": 5})
+    page_colours = styled_colours(adj.pages["02_metrics"].read_text(encoding="utf-8"))
+    default_colours = styled_colours(rep.pages["02_metrics"].read_text(encoding="utf-8"))
+    for cell in moved:
+        assert page_colours[cell] == tables.TIER_COLOURS[after.loc[cell]] != default_colours[cell], cell
+    assert dict(((m, t) for m, _, t in adj.headline["metrics"])) == after.loc[adj.headline["stage"]].to_dict()
+
+
+def test_style_tiers_recomputes_tiers_for_an_explicit_adjustment():
+    table = pd.DataFrame({"stage": ["final"], "metric": ["recall@10"], "mean": [0.85], "ci_low": [0.8],
+                          "ci_high": [0.9], "tier": ["good"]})
+    assert styled_colours(tables.style_tiers(table).to_html())[("final", "recall@10")] == tables.TIER_COLOURS["good"]
+    html = tables.style_tiers(table, domain_adjustment=0.1).to_html()  # 0.85 >= 0.9 x 0.9: excellent
+    assert styled_colours(html)[("final", "recall@10")] == tables.TIER_COLOURS["excellent"]
+
+
+def test_headline_follows_the_stage_parameter(reports):
+    tmp, _, _ = reports
+    h = headline(tmp / "runs" / "rerank", [tmp / "runs" / "baseline"], stage="vector", metrics=["ndcg@5"])
+    assert h["stage"] == "vector" and [m for m, _, _ in h["metrics"]] == ["ndcg@5"]
+    assert h["vs"]["metric"] == "ndcg@5" and h["vs"]["baseline"] == "baseline"
+
+
+def test_recall_funnel_follows_the_pipeline_with_custom_stages():
+    table = pd.DataFrame({"stage": ["final-b", "hybrid-100", "vector", "extra"], "metric": "recall@10",
+                          "mean": [0.5, 0.6, 0.4, 0.3], "ci_low": 0.2, "ci_high": 0.7})
+    definitions = {"hybrid-100": {"endpoint": "hybrid-search", "params": {}},
+                   "final-b": {"endpoint": "knowledge-search", "params": {}}}
+    fig = figures.recall_funnel(table, definitions=definitions)
+    top_down = [t.get_text() for t in fig.axes[0].get_yticklabels()][::-1]
+    assert top_down == ["vector", "hybrid-100", "final-b", "extra"]
+
+
+def test_open_run_resolves_the_focus_stage_and_scores_with_the_adjustment(reports):
+    tmp, _, _ = reports
+    run, stage = wn.open_run(tmp / "runs" / "rerank", domain_adjustment=0.05, needs=["recall@20"])
+    assert stage == "final" and run.scores.domain_adjustment == 0.05
+    assert "recall@20" in run.scores.metric_names and "ndcg@5" in run.scores.metric_names
+    assert wn.open_run(tmp / "runs" / "rerank", stage="vector", metrics=["hit@5"])[1] == "vector"
+
+
+def test_rendering_prints_no_error_line(reports):
+    assert not [line for line in reports[2] if "ERROR" in line]
+
+
+SLOW_KERNEL_INFO = """import inspect, time
+kernel = get_ipython().kernel
+reply = kernel.shell_handlers["kernel_info_request"]
+async def slow_kernel_info(*args):
+    result = reply(*args)
+    if inspect.isawaitable(result):
+        await result
+    time.sleep(0.5)  # papermill has its reply and shuts the kernel down while this handler still runs
+kernel.shell_handlers["kernel_info_request"] = slow_kernel_info
+kernel.log.error("a real kernel error")"""
+
+
+def test_the_kernel_is_not_interrupted_at_shutdown_and_real_errors_still_show(tmp_path, capfd):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SLOW_KERNEL_INFO)])
+    nbformat.write(nb, tmp_path / "slow.ipynb")
+    pm.execute_notebook(str(tmp_path / "slow.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                        progress_bar=False, log_output=False, kernel_manager_class=_kernel_manager_class())
+    err = capfd.readouterr().err
+    assert "ERROR | a real kernel error" in err  # the kernel's log is not silenced
+    assert "KeyboardInterrupt" not in err
 
 
 @pytest.mark.slow
@@ -131,6 +317,7 @@ def test_the_demo_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "weknora_nb", "demo", "--out", str(tmp_path), "--quiet"],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not [line for line in proc.stderr.splitlines() if "ERROR" in line], proc.stderr[-3000:]
     index = tmp_path / "reports" / "index.html"
     assert str(index) in proc.stdout
     text = index.read_text(encoding="utf-8")

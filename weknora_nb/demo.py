@@ -1,9 +1,14 @@
 """The demo: the whole workbench on the embedded sandbox, end to end.
 
-Builds the sandbox index, serves each system version of ``data/demo/versions.yaml`` on
-loopback in turn, collects the demo test set at every stage with 3 repeats, renders all
-reports (baseline alone, then each other version compared with the baseline), stops the
-sandbox and returns the path of ``outputs/reports/index.html``.
+Builds the sandbox index, serves each system version of the demo folder's ``versions.yaml``
+(shipped inside the package, see :func:`weknora_nb.sandbox.demo_dir`) on loopback in turn,
+collects the demo test set at every stage with 3 repeats, renders all reports (baseline
+alone, then each other version compared with the baseline), stops the sandbox and returns
+the path of ``<out>/reports/index.html``.
+
+Nothing here needs a checkout: the demo data and the notebooks are read from the installed
+package, and everything is written under ``out`` (``./outputs`` by default, relative to the
+current folder).
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from weknora_nb.collect.client import API_KEY_ENV, ClientSettings
-from weknora_nb.collect.collector import collect
-from weknora_nb.core.errors import RunExistsError
+from weknora_nb.collect.collector import RunSummary, collect
+from weknora_nb.core.errors import RunExistsError, UsageError
+from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, render_report, write_overview
 from weknora_nb.sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES"]
 
 log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
@@ -30,51 +37,95 @@ DEMO_STAGES = "vector,keyword,hybrid,final,citations"
 
 @dataclass
 class DemoResult:
+    """What the demo wrote: the overview page, each version's report, and the wall time of each phase (s)."""
+
     index: Path
     reports: list[Report]
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+def demo_testset(out: Path, limit: int | None = None) -> Path:
+    """The demo test set: the shipped file, or (``limit`` = N) its first N queries in file order,
+    written to ``<out>/testset-first-<N>.jsonl`` so that the runs' manifests point to a file that stays."""
+    full = demo_dir() / "testset.jsonl"
+    if limit is None:
+        return full
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise UsageError(argument="limit", allowed="an integer >= 1", got=limit)
+    ts = load_testset(full)
+    first = ts.queries["query_id"].tolist()[:limit]
+    path = out / f"testset-first-{limit}.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    ts.subset(first).to_jsonl(path)
+    return path
+
+
+def _collect_version(version: str, testset: Path, run_dir: Path, **kwargs: Any) -> RunSummary:
+    """Serve ``version`` and collect ``testset`` into ``run_dir``: resumed when the folder holds the
+    same run, collected afresh when it holds another one (an older demo, another ``limit``)."""
+    with SandboxServer(version) as sb:
+        kwargs.update(system=sb.describe(), run_name=version)
+        settings = ClientSettings(sb.base_url)
+        try:
+            return collect(settings, sb.kb_id, testset, run_dir, resume=(run_dir / "manifest.json").exists(),
+                           **kwargs)
+        except RunExistsError:
+            log.info("%s holds an older demo run: collecting it again", run_dir)
+            shutil.rmtree(run_dir)
+            return collect(settings, sb.kb_id, testset, run_dir, **kwargs)
+
+
+def _render_all(out: Path, names: list[str], no_input: bool) -> tuple[Path, list[Report]]:
+    """Render the first version alone and every other one against it; write the overview page."""
+    runs, reports_dir = out / "runs", out / "reports"
+    base = runs / names[0]
+    reports = [render_report(base, out_root=reports_dir, no_input=no_input)]
+    for v in names[1:]:
+        reports.append(render_report(runs / v, [base], out_root=reports_dir, no_input=no_input))
+    return write_overview(reports, reports_dir / "index.html"), reports
+
+
 def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[str] | None = None,
              stages: str = DEMO_STAGES, no_input: bool = False, progress: bool = True,
-             concurrency: int = 16) -> DemoResult:
-    """Run the demo; ``seconds`` holds the wall time of each phase (index, collect, render)."""
+             concurrency: int = 16, limit: int | None = None) -> DemoResult:
+    """Run the demo into ``out`` (relative to the current folder) and return what it wrote.
+
+    Parameters
+    ----------
+    out : folder for ``runs/<version>/`` and ``reports/`` (default ``outputs``).
+    repeats : repeats of every (query, stage) request (docs/method.md section 2; default 3).
+    versions : system versions of ``versions.yaml`` to run, the first being the baseline
+        (default: all, in file order).
+    stages, concurrency, progress : passed on to :func:`weknora_nb.collect.collect`.
+    no_input : hide the code cells in the HTML reports.
+    limit : use only the first ``limit`` queries of the demo test set (quick runs and tests;
+        the figures then rest on fewer than 200 valid queries and the reports say so).
+
+    ``seconds`` of the result holds the wall time of each phase: ``index``, ``collect``, ``render``.
+    """
     out = Path(out).resolve()
     if not os.environ.get(API_KEY_ENV):
         # the sandbox and the collector read the same variable; it lives only in this process
         os.environ[API_KEY_ENV] = f"sk-sandbox-{secrets.token_hex(12)}"
+    testset = demo_testset(out, limit)
     all_versions = load_demo_versions()
     names = versions or list(all_versions)
-    base = names[0]
-    t = {}
+    seconds: dict[str, float] = {}
+
     t0 = time.perf_counter()
     build_index(show_progress=progress)
     for v in names:
         build_index().warm(all_versions[v])
-    t["index"] = time.perf_counter() - t0
+    seconds["index"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    testset = demo_dir() / "testset.jsonl"
     for v in names:
-        run_dir = out / "runs" / v
-        with SandboxServer(v) as sb:
-            kwargs = dict(stages=stages, repeats=repeats, concurrency=concurrency, system=sb.describe(),
-                          progress=progress, run_name=v)
-            try:
-                summary = collect(ClientSettings(sb.base_url), sb.kb_id, testset, run_dir,
-                                  resume=(run_dir / "manifest.json").exists(), **kwargs)
-            except RunExistsError:
-                log.info("%s holds an older demo run: collecting it again", run_dir)
-                shutil.rmtree(run_dir)
-                summary = collect(ClientSettings(sb.base_url), sb.kb_id, testset, run_dir, **kwargs)
+        summary = _collect_version(v, testset, out / "runs" / v, stages=stages, repeats=repeats,
+                                   concurrency=concurrency, progress=progress)
         log.info(summary.describe())
-    t["collect"] = time.perf_counter() - t0
+    seconds["collect"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    reports = [render_report(out / "runs" / base, out_root=out / "reports", no_input=no_input)]
-    for v in names[1:]:
-        reports.append(render_report(out / "runs" / v, [out / "runs" / base], out_root=out / "reports",
-                                     no_input=no_input))
-    index = write_overview(reports, out / "reports" / "index.html")
-    t["render"] = time.perf_counter() - t0
-    return DemoResult(index, reports, t)
+    index, reports = _render_all(out, names, no_input)
+    seconds["render"] = time.perf_counter() - t0
+    return DemoResult(index, reports, seconds)

@@ -1,4 +1,4 @@
-"""Compare runs of different system versions on the same test set (METHOD.md section 7).
+"""Compare runs of different system versions on the same test set (docs/method.md section 7).
 
 ::
 
@@ -15,7 +15,7 @@ refused. The first run is the baseline; each other run is compared with it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ def config_diff(manifests: list[dict[str, Any]], names: list[str]) -> pd.DataFra
         if any(json.dumps(v, sort_keys=True, default=str) != json.dumps(vals[0], sort_keys=True, default=str)
                for v in vals[1:]):
             last = k.split(".")[-1]
-            rows.append({"key": k, **dict(zip(names, vals)),
+            rows.append({"key": k, **dict(zip(names, vals, strict=True)),
                          "counts": not (last in _IGNORED_KEYS or k.split(".")[1:2] == ["faults"])})
     return pd.DataFrame(rows, columns=["key", *names, "counts"])
 
@@ -108,17 +108,8 @@ class Comparison:
         return out
 
 
-def compare_runs(paths: list[str | Path] | list[Run], *, stage: str | None = None,
-                 metrics: Iterable[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                 latency_budget_ms: float | None = None) -> Comparison:
-    """Compare two or more runs; the first is the baseline.
-
-    Per metric and compared run: both means, ``delta`` (B - A) with a 95 % paired-bootstrap
-    interval over the queries valid and scored in both, the paired randomization-test
-    p-value with Holm's correction across the metrics shown, and wins / ties / losses
-    per query. ``stage`` defaults to ``final`` when every run has it, else the only
-    common stage.
-    """
+def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Iterable[str] | None) -> list[Run]:
+    """The runs, loaded: at least two, all on the same test set (same content hash)."""
     runs = [p if isinstance(p, Run) else load_run(p, metrics=metrics) for p in paths]
     if len(runs) < 2:
         raise NotComparableError("a comparison needs at least two runs")
@@ -126,62 +117,103 @@ def compare_runs(paths: list[str | Path] | list[Run], *, stage: str | None = Non
     if len(hashes) != 1:
         listing = ", ".join(f"{r.name}: {r.testset.hash[:19]}" for r in runs)
         raise NotComparableError(f"runs on different test sets cannot be compared ({listing})")
+    return runs
+
+
+def _common_stage(runs: list[Run], stage: str | None) -> str:
+    """``stage`` when every run has it, else the focus stage of the stages all runs share."""
     common = [s for s in runs[0].stages if all(s in r.stages for r in runs[1:])]
-    chosen = focus_stage(common, stage)
+    chosen = focus_stage(common, stage, runs[0].stage_definitions)
     if chosen is None:
         if stage is not None:
             raise NotComparableError(f"stage {stage!r} is not in every run (common stages: {common})")
-        raise NotComparableError(f"choose a stage: the runs share {common}")
-    stage = chosen
+        raise NotComparableError(f"the runs share no stage (stages: {[r.stages for r in runs]})")
+    return chosen
+
+
+def _stage_values(run: Run, stage: str) -> pd.DataFrame:
+    """Per-query means over repeats at ``stage``, indexed by query id."""
+    pq = run.scores.per_query_mean()
+    return pq[pq["stage"] == stage].set_index("query_id")
+
+
+def _paired_rows(base: Run, other: Run, stage: str, mets: list[str], resamples: int,
+                 seed: int) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+    """One compared run against the baseline: a row per metric and the paired per-query values.
+
+    Over the queries valid and scored in both (n): ``delta`` = mean(B - A), its 95 %
+    paired-bootstrap interval, the randomization-test p-value (seed + 1) with Holm's
+    correction across ``mets``, and wins / ties / losses (|B - A| <= 1e-12 is a tie).
+    """
+    a, b = _stage_values(base, stage), _stage_values(other, stage)
+    qids = a.index.intersection(b.index)
+    n = len(qids)
+    A, B = a.loc[qids, mets].to_numpy(), b.loc[qids, mets].to_numpy()
+    nan = np.full(len(mets), np.nan)
+    lo, hi = (np.asarray(x) for x in paired_bootstrap_ci(A, B, resamples=resamples, seed=seed)) if n else (nan, nan)
+    p = np.asarray(randomization_test(A, B, resamples=resamples, seed=seed + 1)) if n else nan
+    p_holm = holm(p)
+    d = B - A
+    rows = [{"run": other.name, "metric": m, "baseline": base.name, "n_queries": n,
+             "mean_a": A[:, j].mean() if n else np.nan, "mean_b": B[:, j].mean() if n else np.nan,
+             "delta": d[:, j].mean() if n else np.nan, "ci_low": lo[j], "ci_high": hi[j],
+             "p_value": p[j], "p_holm": p_holm[j],
+             "wins": int((d[:, j] > 1e-12).sum()), "ties": int((np.abs(d[:, j]) <= 1e-12).sum()),
+             "losses": int((d[:, j] < -1e-12).sum())} for j, m in enumerate(mets)]
+    frame = pd.DataFrame({"query_id": qids, "run": other.name})
+    for j, m in enumerate(mets):
+        frame[f"{m}_a"], frame[f"{m}_b"] = A[:, j], B[:, j]
+    return rows, frame
+
+
+def _pair_warnings(base: Run, other: Run) -> list[str]:
+    """What limits one pair's comparison besides its size: several changed variables, an incomplete run."""
+    out = []
+    changed = _variables(config_diff([base.manifest, other.manifest], [base.name, other.name]))
+    if len(changed) > 1:
+        out.append(f"{other.name} differs from {base.name} in {len(changed)} variables "
+                   f"({', '.join(changed)}): a difference cannot be attributed to one of them.")
+    if not base.scores.complete or not other.scores.complete:
+        out.append(f"{base.name if not base.scores.complete else other.name} is incomplete: failed or "
+                   "missing requests are left out of the comparison.")
+    return out
+
+
+def compare_runs(paths: Sequence[str | Path] | Sequence[Run], *, stage: str | None = None,
+                 metrics: Iterable[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 latency_budget_ms: float | None = None) -> Comparison:
+    """Compare two or more runs; the first is the baseline (docs/method.md section 7).
+
+    Per metric and compared run: both means, ``delta`` (B - A) with a 95 % paired-bootstrap
+    interval over the queries valid and scored in both, the paired randomization-test
+    p-value with Holm's correction across the metrics shown, and wins / ties / losses
+    per query. ``stage`` defaults to ``final`` when every run has it, else the only
+    common stage.
+    """
+    runs = _comparable_runs(paths, metrics)
+    stage = _common_stage(runs, stage)
     mets = [m.name for m in parse_metrics(metrics)]
     base = runs[0]
+    rows: list[dict[str, Any]] = []
+    per_query: list[pd.DataFrame] = []
     warnings: list[str] = []
-    rows, pq_rows = [], []
-    a = base.scores.per_query_mean()
-    a = a[a["stage"] == stage].set_index("query_id")
     for other in runs[1:]:
-        b = other.scores.per_query_mean()
-        b = b[b["stage"] == stage].set_index("query_id")
-        qids = a.index.intersection(b.index)
-        n = len(qids)
-        w = significance_warning(n)
-        if w and w not in warnings:
-            warnings.append(w)
-        A, B = a.loc[qids, mets].to_numpy(), b.loc[qids, mets].to_numpy()
-        lo, hi = paired_bootstrap_ci(A, B, resamples=resamples, seed=seed) if n else (np.full(len(mets), np.nan),) * 2
-        p = randomization_test(A, B, resamples=resamples, seed=seed + 1) if n else np.full(len(mets), np.nan)
-        p_holm = holm(p)
-        d = B - A
-        for j, m in enumerate(mets):
-            rows.append({"run": other.name, "metric": m, "baseline": base.name, "n_queries": n,
-                         "mean_a": A[:, j].mean() if n else np.nan, "mean_b": B[:, j].mean() if n else np.nan,
-                         "delta": d[:, j].mean() if n else np.nan, "ci_low": lo[j], "ci_high": hi[j],
-                         "p_value": p[j], "p_holm": p_holm[j],
-                         "wins": int((d[:, j] > 1e-12).sum()), "ties": int((np.abs(d[:, j]) <= 1e-12).sum()),
-                         "losses": int((d[:, j] < -1e-12).sum())})
-        frame = pd.DataFrame({"query_id": qids, "run": other.name})
-        for j, m in enumerate(mets):
-            frame[f"{m}_a"], frame[f"{m}_b"] = A[:, j], B[:, j]
-        pq_rows.append(frame)
-        diff = config_diff([base.manifest, other.manifest], [base.name, other.name])
-        changed = _variables(diff)
-        if len(changed) > 1:
-            warnings.append(f"{other.name} differs from {base.name} in {len(changed)} variables "
-                            f"({', '.join(changed)}): a difference cannot be attributed to one of them.")
-        if not base.scores.complete or not other.scores.complete:
-            warnings.append(f"{base.name if not base.scores.complete else other.name} is incomplete: failed or "
-                            "missing requests are left out of the comparison.")
-    table = pd.DataFrame(rows)
-    names = [r.name for r in runs]
-    diff_all = config_diff([r.manifest for r in runs], names)
-    lat = latency_table(runs, stage)
-    cmp = Comparison(runs, stage, table, diff_all, lat, pd.concat(pq_rows, ignore_index=True), warnings)
+        pair_rows, frame = _paired_rows(base, other, stage, mets, resamples, seed)
+        rows += pair_rows
+        per_query.append(frame)
+        too_few = significance_warning(len(frame))
+        if too_few and too_few not in warnings:
+            warnings.append(too_few)
+        warnings += _pair_warnings(base, other)
+    diff_all = config_diff([r.manifest for r in runs], [r.name for r in runs])
+    cmp = Comparison(runs, stage, pd.DataFrame(rows), diff_all, latency_table(runs, stage),
+                     pd.concat(per_query, ignore_index=True), warnings)
     cmp.recommendation = recommend(cmp, latency_budget_ms=latency_budget_ms)
     return cmp
 
 
 def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha: float = 0.05) -> str:
-    """The decision rules of METHOD.md section 7 (from the rerank-impact study), in words."""
+    """The decision rules of docs/method.md section 7 (from the rerank-impact study), in words."""
     out = []
     t = cmp.metrics
     for run in t["run"].unique() if len(t) else []:
@@ -229,7 +261,7 @@ def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha:
 def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("recall@5", "ndcg@5", "hit@5"),
             stage: str | None = FOCUS_STAGE) -> pd.DataFrame:
     """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in iter_runs(root):
         try:
             run = load_run(p, metrics=metrics)

@@ -50,12 +50,13 @@ def parse_bounds(items: list[str] | None) -> dict[str, float]:
         if not sep:
             raise UsageError(f"a bound looks like METRIC=VALUE, e.g. ndcg@5=0.70. Got {item!r} instead.")
         metric = parse_metric(name).name
+        not_a_number = f"the value of a bound must be a number, e.g. ndcg@5=0.70. Got {item!r} instead."
         try:
             bound = float(value)
         except ValueError:
-            raise UsageError(f"the value of a bound must be a number, e.g. ndcg@5=0.70. Got {item!r} instead.") from None
+            raise UsageError(not_a_number) from None
         if bound != bound:
-            raise UsageError(f"the value of a bound must be a number, e.g. ndcg@5=0.70. Got {item!r} instead.")
+            raise UsageError(not_a_number)
         out[metric] = bound
     return out
 
@@ -88,8 +89,8 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
             d = base_means[m] - means[m]
             rows.append({"check": "max-drop", "metric": m, "value": d,
                          "bound": f"<= {drop:g} (baseline {base_means[m]:.4f})", "passed": bool(d <= drop)})
-    rows.append({"check": "complete", "metric": "requests", "value": float(r.scores.counts["n_failed"]
-                                                                           + r.scores.counts["n_missing"]),
+    rows.append({"check": "complete", "metric": "requests", "value": float(r.scores.counts.n_failed
+                                                                           + r.scores.counts.n_missing),
                  "bound": "0 failed or missing" + (" (allowed)" if allow_incomplete else ""),
                  "passed": bool(r.scores.complete or allow_incomplete)})
     table = pd.DataFrame(rows)

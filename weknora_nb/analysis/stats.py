@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from weknora_nb.core.errors import UsageError
 from weknora_nb.core.pipeline import significance_warning
 
 __all__ = ["bootstrap_ci", "paired_bootstrap_ci", "randomization_test", "holm", "significance_warning",
@@ -32,7 +33,8 @@ def _as_matrix(values: np.ndarray) -> tuple[np.ndarray, bool]:
     if v.ndim == 1:
         return v[:, None], True
     if v.ndim != 2:
-        raise ValueError(f"values must be 1-D (queries) or 2-D (queries x metrics). Got shape {v.shape} instead.")
+        raise UsageError(f"values must be 1-D (queries) or 2-D (queries x metrics). Got shape {v.shape} instead.",
+                         argument="values", allowed="1-D or 2-D", got=v.shape)
     return v, False
 
 
@@ -73,7 +75,8 @@ def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, *, level: float = 0.95, re
     """Bootstrap interval of mean(b - a) over queries (paired: same queries, same order)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
-        raise ValueError(f"paired values need the same shape. Got {a.shape} and {b.shape} instead.")
+        raise UsageError(f"paired values need the same shape. Got {a.shape} and {b.shape} instead.",
+                         argument="b", allowed=f"shape {a.shape}", got=b.shape)
     return bootstrap_ci(b - a, level=level, resamples=resamples, seed=seed)
 
 

@@ -1,4 +1,4 @@
-"""Metrics by group of queries (METHOD.md section 8), each group with its size and 95 % interval.
+"""Metrics by group of queries (docs/method.md section 8), each group with its size and 95 % interval.
 
 Dimensions: the labelled ``query_type``; each tag (a query may carry several, so it counts
 in several groups); single- vs multi-answer (number of relevant chunks); exact vs vague
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from weknora_nb.analysis.stats import MIN_GROUP_SIZE, bootstrap_ci, small_group_warning
+from weknora_nb.core.errors import ConfigError, Problem, UsageError
 from weknora_nb.core.scoring import Scores
 from weknora_nb.core.testset import TestSet
 
@@ -40,27 +41,72 @@ class QueryTypeRules:
 
 
 def load_rules(path: str | Path | None = None) -> QueryTypeRules:
-    """Rules from a YAML file (default: the package's ``data/query_type_rules.yaml``)."""
-    import yaml
+    """Rules from a YAML file (default: the package's ``data/query_type_rules.yaml``).
 
+    The file holds ``types`` (type -> list of regular expressions, matched
+    case-insensitively), optionally ``order`` (the types tried first to last; default: the
+    order of ``types``) and ``default`` (the type when none matches; default ``factual``).
+    Raises :class:`ConfigError` naming the file and every problem (an unreadable file,
+    bad YAML with its line, a wrong shape, an ``order`` naming a type without patterns,
+    a pattern that does not compile).
+    """
     if path is None:
         text = resources.files("weknora_nb").joinpath("data/query_type_rules.yaml").read_text(encoding="utf-8")
         where = "query_type_rules.yaml"
     else:
-        text, where = Path(path).read_text(encoding="utf-8"), str(path)
-    data = yaml.safe_load(text) or {}
+        where = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(where, f"cannot be read: {exc}") from None
+    data = _rules_yaml(text, where)
+    problems: list[Problem] = []
     types = data.get("types") or {}
+    if not isinstance(types, dict):
+        raise ConfigError(where, f"'types' must map each type to a list of patterns. Got {types!r} instead.")
     order = tuple(data.get("order") or types)
     unknown = [t for t in order if t not in types]
     if unknown:
-        raise ValueError(f"{where}: 'order' names types without patterns: {unknown}")
+        problems.append(Problem(where, None, "order", f"'order' names types without patterns: {unknown}"))
     compiled = {}
     for t, pats in types.items():
         try:
-            compiled[t] = tuple(re.compile(p, re.IGNORECASE) for p in pats or [])
+            compiled[t] = _compile_patterns(pats)
         except re.error as exc:
-            raise ValueError(f"{where}: type {t!r}: bad pattern: {exc}") from exc
+            problems.append(Problem(where, None, f"types.{t}", f"type {t!r}: bad pattern: {exc}"))
+        except TypeError as exc:
+            problems.append(Problem(where, None, f"types.{t}", f"type {t!r}: {exc}"))
+    if problems:
+        raise ConfigError(where, problems)
     return QueryTypeRules(order, str(data.get("default", "factual")), compiled)
+
+
+def _rules_yaml(text: str, where: str) -> dict:
+    """The rules file's top-level mapping (an empty file is ``{}``); :class:`ConfigError` otherwise."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(where, [Problem(where, line, None, f"not valid YAML: {what}")]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"the rules file must be a YAML mapping with 'types' (and 'order', 'default'). "
+                                 f"Got a {type(data).__name__} instead.")
+    return data
+
+
+def _compile_patterns(patterns: object) -> tuple[re.Pattern, ...]:
+    """A type's list of regular expressions, compiled case-insensitively (none: an empty tuple)."""
+    if patterns is None:
+        return ()
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"the patterns must be a list of regular expressions (strings). Got {patterns!r} instead.")
+    return tuple(re.compile(p, re.IGNORECASE) for p in patterns)
 
 
 def classify(texts: Iterable[str], rules: QueryTypeRules | None = None) -> list[str]:
@@ -96,13 +142,14 @@ def stratify(scores: Scores, testset: TestSet, *, stage: str, metrics: Iterable[
     pq = scores.per_query_mean()
     pq = pq[pq["stage"] == stage].set_index("query_id")
     if pq.empty:
-        raise ValueError(f"no scored query at stage {stage!r} (stages: {scores.stages})")
+        raise UsageError(f"no scored query at stage {stage!r}: stage must be one of {', '.join(scores.stages)}",
+                         argument="stage", allowed=scores.stages, got=stage)
     mem = _memberships(testset, rules)
     mem = mem[mem["dimension"].isin(list(dimensions)) & mem["query_id"].isin(pq.index)]
     rows = []
     for (dim, group), g in mem.groupby(["dimension", "group"], sort=True):
         vals = pq.loc[g["query_id"], mets].to_numpy()
-        lo, hi = bootstrap_ci(vals, resamples=resamples, seed=seed)
+        lo, hi = map(np.asarray, bootstrap_ci(vals, resamples=resamples, seed=seed))  # 2-D: one per metric
         warn = small_group_warning(len(g), min_group)
         for j, m in enumerate(mets):
             rows.append({"dimension": dim, "group": group, "metric": m, "n": len(g),

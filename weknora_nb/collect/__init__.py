@@ -1,4 +1,4 @@
-"""Collection: an httpx client for WeKnora, stages as data, the resumable collector.
+"""Collection: an httpx client for WeKnora, stages as data, the resumable collector and its checkpoint.
 
 Imports the core only.
 """

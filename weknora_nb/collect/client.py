@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import numbers
 import os
 import random
 import re
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -37,6 +39,7 @@ from weknora_nb.core.errors import (
     RequestFailed,
     RequestTimeout,
     ServerFailed,
+    UsageError,
 )
 
 __all__ = ["ClientSettings", "WeKnoraClient", "ChatResult",
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 API_KEY_ENV = "WEKNORA_API_KEY"
 TENANT_ENV = "WEKNORA_TENANT_ID"
 _CITATION = re.compile(r"<kb\b[^>]*?chunk_id=\"([^\"]+)\"[^>]*/?>")
+_T = TypeVar("_T")
 
 
 def redact_url(url: str) -> str:
@@ -60,7 +64,12 @@ def redact_url(url: str) -> str:
 
 @dataclass
 class ClientSettings:
-    """How to reach WeKnora. The key itself is never a setting: only the variable that holds it."""
+    """How to reach WeKnora. The key itself is never a setting: only the variable that holds it.
+
+    Checked when made: ``base_url`` must be an http:// or https:// URL with a host,
+    ``timeout_s`` > 0 seconds, ``max_attempts`` >= 1 (a :class:`UsageError` names the
+    command-line option: ``--base-url``, ``--timeout``, ``--max-attempts``).
+    """
 
     base_url: str
     api_key_env: str = API_KEY_ENV
@@ -74,11 +83,46 @@ class ClientSettings:
     max_connections: int = 32
     extra_headers: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not _is_base_url(self.base_url):
+            raise UsageError(argument="--base-url", allowed="an http:// or https:// URL with a host, e.g. "
+                             "http://127.0.0.1:8080", got=_shown_url(self.base_url))
+        if not _is_number(self.timeout_s) or not self.timeout_s > 0:
+            raise UsageError(argument="--timeout", allowed="> 0 (seconds)", got=self.timeout_s)
+        if (not isinstance(self.max_attempts, numbers.Integral) or isinstance(self.max_attempts, bool)
+                or self.max_attempts < 1):
+            raise UsageError(argument="--max-attempts", allowed=">= 1", got=self.max_attempts)
+
     def api_key(self) -> str:
+        """The API key from the environment variable ``api_key_env``; AuthFailed when it is unset or empty."""
         key = os.environ.get(self.api_key_env, "")
         if not key:
             raise AuthFailed(f"no API key: set the environment variable {self.api_key_env}")
         return key
+
+
+def _is_base_url(url: Any) -> bool:
+    """Whether ``url`` is an http:// or https:// URL with a host (and, if any, a numeric port)."""
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _shown_url(url: Any) -> Any:
+    """A URL as an error message may show it: no user info, query string or fragment."""
+    if not isinstance(url, str):
+        return url
+    url = url.split("#", 1)[0].split("?", 1)[0]
+    return re.sub(r"^([^/@]*//)?[^/@]*@", r"\1***@", url)
 
 
 @dataclass
@@ -216,13 +260,20 @@ class WeKnoraClient:
             raise ProtocolFailed(f"POST {path}: stream broken: {type(exc).__name__}") from exc
         raise ProtocolFailed(f"POST {path}: stream ended before its 'complete' event")
 
-    async def _with_retries(self, call):
+    async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """``call()`` up to ``max_attempts`` times while it fails retryably, sleeping between attempts.
+
+        The delay before attempt n + 1 is the server's ``Retry-After`` (at most
+        ``retry_after_max_s``) or, without one, uniform in [0, min(backoff_max_s,
+        backoff_base_s * 2^(n - 1))] seconds (exponential backoff with full jitter).
+        """
         s = self.settings
-        for attempt in range(1, s.max_attempts + 1):
+        attempt = 1
+        while True:
             try:
                 return await call()
             except RequestFailed as exc:
-                if not exc.retryable or attempt == s.max_attempts:
+                if not exc.retryable or attempt >= s.max_attempts:
                     raise
                 if exc.retry_after is not None:
                     delay = min(exc.retry_after, s.retry_after_max_s)
@@ -230,7 +281,7 @@ class WeKnoraClient:
                     delay = self._rng.uniform(0, min(s.backoff_max_s, s.backoff_base_s * 2 ** (attempt - 1)))
                 log.debug("attempt %d failed (%s); retrying in %.2f s", attempt, exc.kind, delay)
                 await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+                attempt += 1
 
 
 def _as_list(data: Any) -> list[dict[str, Any]]:

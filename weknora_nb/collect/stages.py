@@ -1,25 +1,34 @@
 """Pipeline stages as data: which endpoint and parameters measure which point of WeKnora's pipeline.
 
-METHOD.md section 5: recall is measured at up to four points of one pipeline so the
-loss can be located — ``vector`` and ``keyword`` (one path each), ``hybrid`` (both paths
-merged, before rerank), ``final`` (after rerank and merge, what the user sees) — and
-optionally ``citations`` (the references of a generated answer).
+docs/method.md section 5: recall is measured at up to five points of one pipeline so the
+loss can be located (their order and roles: :data:`weknora_nb.core.pipeline.PIPELINE`) —
+``vector`` and ``keyword`` (one path each), ``hybrid`` (both paths merged, before rerank),
+``final`` (after rerank and merge, what the user sees) — and optionally ``citations`` (the
+references of a generated answer).
 
 A stage file (YAML) may redefine or add stages::
 
     stages:
       hybrid-100:
-        endpoint: hybrid-search
-        params: {match_count: 100}
+        endpoint: hybrid-search          # one of hybrid-search, knowledge-search, chat
+        params: {match_count: 100}       # optional: sent with every request
+        keep_match_types: [0, 1]         # optional: the match types that count (null: all)
+
+A custom stage's role in the pipeline follows from its endpoint and parameters
+(:func:`weknora_nb.core.pipeline.role_of`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stage", "DEFAULT_STAGES", "ENDPOINTS", "resolve_stages", "load_stage_file"]
+from weknora_nb.core.errors import ConfigError, Problem, UsageError
+
+__all__ = ["Stage", "DEFAULT_STAGES", "DEFAULT_SELECTION", "ENDPOINTS", "PRIMARY_MATCH_TYPES", "resolve_stages",
+           "load_stage_file"]
 
 ENDPOINTS = ("hybrid-search", "knowledge-search", "chat")
 #: WeKnora match types that are search hits; 2-7 are context added around them
@@ -37,8 +46,8 @@ class Stage:
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"stage {self.name!r}: endpoint must be one of {list(ENDPOINTS)}. "
-                             f"Got {self.endpoint!r} instead.")
+            raise UsageError(argument=f"the endpoint of stage {self.name!r}", allowed=list(ENDPOINTS),
+                             got=self.endpoint)
 
     def request_params(self) -> dict[str, Any]:
         """Parameters sent: for hybrid-search, context enrichment is skipped unless the stage says otherwise."""
@@ -47,42 +56,141 @@ class Stage:
         return dict(self.params)
 
     def to_dict(self) -> dict[str, Any]:
+        """The stage as the manifest records it: endpoint, parameters sent, match types kept."""
         return {"endpoint": self.endpoint, "params": self.request_params(),
                 "keep_match_types": list(self.keep_match_types) if self.keep_match_types is not None else None}
 
 
-DEFAULT_STAGES: dict[str, Stage] = {
-    "vector": Stage("vector", "hybrid-search", {"disable_keywords_match": True, "match_count": 50}),
-    "keyword": Stage("keyword", "hybrid-search", {"disable_vector_match": True, "match_count": 50}),
-    "hybrid": Stage("hybrid", "hybrid-search", {"match_count": 50}),
-    "final": Stage("final", "knowledge-search"),
-    "citations": Stage("citations", "chat"),
-}
+#: the built-in stages, one per role of :data:`weknora_nb.core.pipeline.PIPELINE`, in its order
+DEFAULT_STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("vector", "hybrid-search", {"disable_keywords_match": True, "match_count": 50}),
+    Stage("keyword", "hybrid-search", {"disable_vector_match": True, "match_count": 50}),
+    Stage("hybrid", "hybrid-search", {"match_count": 50}),
+    Stage("final", "knowledge-search"),
+    Stage("citations", "chat"),
+)}
+
+#: the stages collected unless asked otherwise: every retrieval stage; none on the chat
+#: endpoint (it runs the LLM for every query)
+DEFAULT_SELECTION = ",".join(s.name for s in DEFAULT_STAGES.values() if s.endpoint != "chat")
+
+_FIELDS = ("endpoint", "params", "keep_match_types")
+
+
+def resolve_stages(names: str | Sequence[str | Stage], extra: Mapping[str, Stage] | None = None) -> list[Stage]:
+    """Stage objects for ``"hybrid,final"`` or a list of names or Stage objects (defaults, then ``extra``).
+
+    A name given twice is collected once. :class:`UsageError` (``--stages``) for an unknown
+    name, for no stage at all, or for two different stages of one name.
+    """
+    given = [n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else list(names)
+    known = {**DEFAULT_STAGES, **(extra or {})}
+    unknown = [n for n in given if not isinstance(n, Stage) and n not in known]
+    if unknown:
+        raise UsageError(argument="--stages", allowed=sorted(known), got=unknown)
+    if not given:
+        raise UsageError(argument="--stages", allowed="at least one stage (e.g. 'hybrid,final')", got=names)
+    chosen: dict[str, Stage] = {}
+    for n in given:
+        stage = n if isinstance(n, Stage) else known[n]
+        if chosen.setdefault(stage.name, stage) != stage:
+            raise UsageError(f"--stages holds two different stages named {stage.name!r}")
+    return list(chosen.values())
 
 
 def load_stage_file(path: str | Path) -> dict[str, Stage]:
-    """Stages defined in a YAML file (``stages: {name: {endpoint, params, keep_match_types}}``)."""
-    import yaml
+    """Stages defined in a YAML file (``stages: {name: {endpoint, params, keep_match_types}}``).
 
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    out = {}
-    for name, spec in (data.get("stages") or {}).items():
-        if not isinstance(spec, dict) or "endpoint" not in spec:
-            raise ValueError(f"{path}: stage {name!r} needs an 'endpoint'")
-        keep = spec.get("keep_match_types", list(PRIMARY_MATCH_TYPES))
-        out[str(name)] = Stage(str(name), spec["endpoint"], dict(spec.get("params") or {}),
-                               tuple(keep) if keep is not None else None)
+    :class:`~weknora_nb.core.errors.ConfigError` lists every problem of the file at once,
+    each with its line and field (``stages.<name>.<field>``): a missing or unreadable file,
+    YAML that does not parse, no ``stages`` mapping, a stage that is not a mapping, that has
+    no or an unknown ``endpoint``, ``params`` that are not a mapping, ``keep_match_types``
+    that is not a list of integers (or null: keep every match type).
+    """
+    p = str(path)
+    data, lines = _read_yaml(path)
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if not isinstance(stages, dict) or not stages:
+        what = ("missing" if not isinstance(data, dict) or "stages" not in data
+                else f"not a mapping of stage names to definitions (got {stages!r})")
+        raise ConfigError(p, [Problem(p, lines.get(("stages",)), "stages",
+                                      f"{what}; a stage file reads 'stages: {{<name>: {{endpoint: ..., params: "
+                                      "...}}'")])
+    problems: list[Problem] = []
+    out: dict[str, Stage] = {}
+    for name, spec in stages.items():
+        found = _stage_problems(p, lines, name, spec)
+        problems += found
+        if not found:
+            keep = spec.get("keep_match_types", list(PRIMARY_MATCH_TYPES))
+            out[str(name)] = Stage(str(name), spec["endpoint"], dict(spec.get("params") or {}),
+                                   tuple(keep) if keep is not None else None)
+    if problems:
+        raise ConfigError(p, problems)
     return out
 
 
-def resolve_stages(names: str | list[str], extra: dict[str, Stage] | None = None) -> list[Stage]:
-    """Stage objects for ``"hybrid,final"`` or a list of names (defaults, then ``extra``)."""
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    known = {**DEFAULT_STAGES, **(extra or {})}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; known: {sorted(known)}")
-    if not names:
-        raise ValueError("at least one stage is needed")
-    return [known[n] for n in dict.fromkeys(names)]
+def _stage_problems(path: str, lines: dict[tuple[str, ...], int], name: Any, spec: Any) -> list[Problem]:
+    """What is wrong with one stage definition of a stage file (nothing: an empty list)."""
+    key = ("stages", str(name))
+    where = f"stages.{name}"
+    if not isinstance(spec, dict):
+        return [Problem(path, lines.get(key), where,
+                        f"a stage must be a mapping with an 'endpoint' (one of {', '.join(ENDPOINTS)}); got {spec!r}")]
+    problems = []
+    if "endpoint" not in spec:
+        problems.append(Problem(path, lines.get(key), f"{where}.endpoint",
+                                f"missing: every stage needs one (one of {', '.join(ENDPOINTS)})"))
+    elif spec["endpoint"] not in ENDPOINTS:
+        problems.append(Problem(path, lines.get((*key, "endpoint")), f"{where}.endpoint",
+                                f"must be one of {', '.join(ENDPOINTS)}; got {spec['endpoint']!r}"))
+    params = spec.get("params")
+    if params is not None and not isinstance(params, dict):
+        problems.append(Problem(path, lines.get((*key, "params")), f"{where}.params",
+                                f"must be a mapping of parameter to value; got {params!r}"))
+    keep = spec.get("keep_match_types", [])
+    if keep is not None and not (isinstance(keep, list)
+                                 and all(isinstance(x, int) and not isinstance(x, bool) for x in keep)):
+        problems.append(Problem(path, lines.get((*key, "keep_match_types")), f"{where}.keep_match_types",
+                                f"must be a list of integers (WeKnora match types, e.g. [0, 1]) or null; got {keep!r}"))
+    return problems
+
+
+def _read_yaml(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """The file's YAML document, and the line (1-based) of every mapping value by its key path
+    (``("stages", "hybrid-100", "params")``); ConfigError when it cannot be read or parsed."""
+    import yaml
+
+    p = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(p, "the stage file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(p, f"the stage file cannot be read: {exc}") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(p, [Problem(p, line, None, f"not valid YAML: {getattr(exc, 'problem', None) or exc}")]) \
+            from None
+    finally:
+        loader.dispose()
+    lines: dict[tuple[str, ...], int] = {}
+    _node_lines(node, (), lines)
+    return data, lines
+
+
+def _node_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    """Fill ``out`` with the line of each mapping value under ``node`` (at most three levels deep)."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode) or len(prefix) >= 3:
+        return
+    for key, value in node.value:
+        path = (*prefix, str(key.value))
+        out[path] = value.start_mark.line + 1 if not isinstance(value, yaml.MappingNode) else key.start_mark.line + 1
+        _node_lines(value, path, out)

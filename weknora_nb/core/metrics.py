@@ -1,4 +1,4 @@
-r"""Ranking metrics (METHOD.md section 3), named by strings and computed vectorised.
+r"""Ranking metrics (docs/method.md section 3), named by strings and computed vectorised.
 
 Names are ``family@K`` with an optional variant: ``recall@5``, ``ndcg@10``,
 ``ndcg@10:linear``. Relevant means grade >= 1. For one query with R relevant chunks
@@ -31,7 +31,7 @@ from weknora_nb.core.errors import MetricError
 
 __all__ = ["Metric", "parse_metric", "parse_metrics", "DEFAULT_METRICS", "FAMILIES", "RankedLists"]
 
-#: the metrics reported when the user names none (METHOD.md section 3)
+#: the metrics reported when the user names none (docs/method.md section 3)
 DEFAULT_METRICS: tuple[str, ...] = ("recall@3", "recall@5", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10")
 
 GAINS = ("exp", "linear", "binary")
@@ -172,12 +172,13 @@ def parse_metric(name: str | Metric) -> Metric:
     mt = _NAME.match(name.strip().lower())
     if not mt:
         raise MetricError(f"Metric names look like 'family@K' or 'ndcg@K:variant' with family in "
-                          f"{sorted(FAMILIES)}. Got {name!r} instead.")
+                          f"{sorted(FAMILIES)} and K >= 1 (ndcg variants: {list(GAINS)}). Got {name!r} instead.")
     family, k, variant = mt["family"], int(mt["k"]), mt["variant"]
     if family not in FAMILIES:
-        raise MetricError(f"Only the metric families {sorted(FAMILIES)} are supported. Got {family!r} instead.")
+        raise MetricError(f"Only the metric families {sorted(FAMILIES)} are supported. Got {family!r} in "
+                          f"{name!r} instead.")
     if k < 1:
-        raise MetricError(f"The cutoff K must be >= 1. Got {name!r} instead.")
+        raise MetricError(f"The cutoff K must be >= 1, as in 'ndcg@10'. Got {name!r} instead.")
     allowed = FAMILIES[family][1]
     if variant is not None and variant not in allowed:
         options = f"the variants {list(allowed)}" if allowed else "no variant"

@@ -96,18 +96,21 @@ def stage_order(stages: Iterable[str], definitions: Mapping[str, Mapping[str, An
     return sorted(seen, key=key)
 
 
-def focus_stage(stages: Iterable[str], requested: str | None = None) -> str | None:
-    """The stage a report or a gate looks at: ``requested`` when given, else ``final`` when
-    present, else the only stage; None when the choice is ambiguous (several stages, no final).
+def focus_stage(stages: Iterable[str], requested: str | None = None,
+                definitions: Mapping[str, Mapping[str, Any] | None] | None = None) -> str | None:
+    """The stage a report, a comparison or a gate looks at.
 
-    ``requested`` must be one of ``stages``; the caller turns a miss into its own error.
+    ``requested`` when given; else ``final`` when present (what the user sees); else the stage
+    furthest down the pipeline (by role, :func:`stage_order`). None when ``requested`` is not
+    one of ``stages`` (the caller turns that into its own error naming the stages) or when
+    there is no stage at all.
     """
     seen = list(dict.fromkeys(stages))
     if requested is not None:
         return requested if requested in seen else None
     if FOCUS_STAGE in seen:
         return FOCUS_STAGE
-    return seen[0] if len(seen) == 1 else None
+    return stage_order(seen, definitions)[-1] if seen else None
 
 
 def significance_warning(n_valid: int, minimum: int = MIN_VALID_QUERIES) -> str | None:

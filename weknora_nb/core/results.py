@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from weknora_nb.core.errors import Problem, ResultsError
+from weknora_nb.core.errors import Problem, ResultsError, UsageError
 from weknora_nb.core.files import atomic_path
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
@@ -104,19 +104,24 @@ def _coerce(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int
             num = pd.to_numeric(df[c], errors="coerce")
             bad = (num.isna() & df[c].notna()) | (num.notna() & (num != np.floor(num.fillna(0))))
             _report(problems, path, df.index[bad.to_numpy()], c, "must be an integer", first_row,
-                    lambda r: repr(df[c].iloc[r]))
+                    _value_at(df[c]))
             df[c] = num.where(~bad).astype("Int64")
     for c in _FLOATS:
         if c in df.columns and not pd.api.types.is_float_dtype(df[c]):
             num = pd.to_numeric(df[c], errors="coerce")
             bad = num.isna() & df[c].notna()
             _report(problems, path, df.index[bad.to_numpy()], c, "must be a number", first_row,
-                    lambda r: repr(df[c].iloc[r]))
+                    _value_at(df[c]))
             df[c] = num.astype("float64")
     for c in _STRINGS:
         if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
             df[c] = df[c].astype("string")
     return df
+
+
+def _value_at(column: pd.Series) -> Callable[[int], str]:
+    """What a problem shows for row position ``r`` of ``column``: its value, repr'd."""
+    return lambda r: repr(column.iloc[r])
 
 
 def _report(problems: list[Problem], path: str, rows, field: str, message: str, first_row: int,
@@ -326,7 +331,7 @@ def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int32), np.zeros(0, dtype=object)
     keys = [(ch.dictionary.buffers()[1].address, len(ch.dictionary)) for ch in chunks]  # which dictionary
     distinct: dict[tuple[int, int], pa.Array] = {}
-    for key, ch in zip(keys, chunks):
+    for key, ch in zip(keys, chunks, strict=True):
         distinct.setdefault(key, ch.dictionary)
     dicts = list(distinct.values())
     if all(d.equals(dicts[0]) for d in dicts[1:]):
@@ -346,7 +351,7 @@ def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         at += len(d)
     out = np.empty(len(col), np.int32)
     at = 0
-    for key, ch in zip(keys, chunks):
+    for key, ch in zip(keys, chunks, strict=True):
         idx = ch.indices if not ch.indices.null_count else pc.fill_null(ch.indices, -1)
         np.take(luts[key], idx.to_numpy(), out=out[at:at + len(ch)])
         at += len(ch)
@@ -429,8 +434,10 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     for c in out.columns:
         if isinstance(out[c].dtype, pd.CategoricalDtype):
             out[c] = out[c].astype("string")
-    if suffix not in (".parquet", ".pq", ".csv", ".jsonl", ".ndjson", ".json"):
-        raise ValueError(f"unsupported results format {suffix!r}; expected .parquet, .csv or .jsonl")
+    allowed = (".parquet", ".pq", ".csv", ".jsonl", ".ndjson", ".json")
+    if suffix not in allowed:
+        raise UsageError(f"unsupported results format {suffix!r} for {p}: the suffix must be .parquet, .csv or "
+                         ".jsonl (or .pq, .ndjson, .json)", argument="path", allowed=allowed, got=str(p))
     with atomic_path(p) as tmp:
         if suffix in (".parquet", ".pq"):
             table = pa.Table.from_pandas(out, preserve_index=False)
@@ -493,11 +500,12 @@ def write_trec_run(df: pd.DataFrame, path: str | Path, *, stage: str | None = No
     skipped with a warning; deduplicate first if the tool needs unique ids.
     """
     if score_mode not in ("order", "original"):
-        raise ValueError(f"score_mode must be 'order' or 'original'. Got {score_mode!r} instead.")
+        raise UsageError(argument="score_mode", allowed=["'order'", "'original'"], got=score_mode)
     stages = df["stage"].astype("string").unique().tolist()
     stage = stage or (stages[0] if len(stages) == 1 else None)
     if stage is None:
-        raise ValueError(f"the results hold several stages {stages}; pass stage=")
+        raise UsageError(f"the results hold several stages ({', '.join(map(str, stages))}); pass stage= one of them",
+                         argument="stage", allowed=stages, got=None)
     sub = df[df["stage"].astype("string") == stage]
     repeats = sorted(sub["repeat"].dropna().unique().tolist())
     repeat = repeat if repeat is not None else (repeats[0] if repeats else 1)

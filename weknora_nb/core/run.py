@@ -75,17 +75,14 @@ class Run:
         return self.manifest.get("retrieval_config")
 
     def focus_stage(self, requested: str | None = None) -> str:
-        """The stage to look at: ``requested``, else ``final`` when present, else the only stage.
+        """The stage to look at (:func:`weknora_nb.core.pipeline.focus_stage`): ``requested``,
+        else ``final`` when present, else the stage furthest down the pipeline.
 
-        Raises :class:`UsageError` naming the stages present when ``requested`` is not one of
-        them or when the run has several stages and no ``final``.
+        Raises :class:`UsageError` naming the stages present when ``requested`` is not one of them.
         """
-        chosen = focus_stage(self.stages, requested)
+        chosen = focus_stage(self.stages, requested, self.stage_definitions)
         if chosen is None:
-            if requested is not None:
-                raise UsageError(argument="stage", allowed=self.stages, got=requested)
-            raise UsageError(f"{self.name} has stages {self.stages} and none is 'final': choose one with --stage "
-                             "(stage=...).")
+            raise UsageError(argument="stage", allowed=self.stages, got=requested)
         return chosen
 
     def inventory(self) -> pd.DataFrame | None:

@@ -1,18 +1,25 @@
-"""Score a results table against a test set (METHOD.md sections 2-3).
+"""Score a results table against a test set (docs/method.md sections 2-3).
 
-The pipeline, all vectorised (no Python loop over queries), on integer codes
-(:class:`~weknora_nb.results.ResultCodes`; a Parquet path is read straight into them):
+:func:`score` runs these steps, all vectorised (no Python loop over queries), on integer
+codes (:class:`~weknora_nb.core.results.ResultCodes`; a Parquet path is read straight into
+them):
 
-1. group rows into requests: runs of equal (query, stage, repeat); rows are sorted
-   only when a request's rows lie apart or out of rank order;
-2. check structure: one status per request, no rank given twice;
-3. set aside what is not scored, with the reason: invalid queries (no grade >= 1),
-   failed requests (status other than ``ok``), requests of unknown query ids, and
-   valid queries missing from a stage/repeat that other queries have;
-4. lay the scored requests out as rows of a grid; rows holding a repeated chunk id are
-   found by sorting each row, and every row keeps its first K_max distinct chunk ids
-   (first position kept, ranks closed up, duplicates counted over the whole list);
-5. look up the grades (>= 1 only: grade 0 adds nothing) and compute every metric.
+1. group rows into requests (:func:`_group_requests`): runs of equal (query, stage,
+   repeat); rows are sorted only when a request's rows lie apart or out of rank order;
+2. check structure (:func:`_check_structure`): one status per request, no rank given
+   twice;
+3. set aside what is not scored, with the reason (:func:`_select`): invalid queries (no
+   grade >= 1), failed requests (status other than ``ok``), requests of unknown query ids;
+   valid queries missing from a stage/repeat that other queries have are added as
+   ``missing`` requests in step 6;
+4. lay the scored requests out as rows of a grid (:func:`_distinct_lists`); rows holding a
+   repeated chunk id are found by sorting each row, and every row keeps its first K_max
+   distinct chunk ids (first position kept, ranks closed up, duplicates counted over the
+   whole list);
+5. look up the grades (>= 1 only: grade 0 adds nothing) and compute every metric
+   (:func:`_metric_values`);
+6. the tables: requests (missing requests included), per_query, excluded, by_repeat,
+   summary; then the counts and the warnings.
 
 System figure = mean over scored requests of a (stage, repeat); the stage figure is
 the mean of its repeat figures, with their spread (std, min, max).
@@ -23,22 +30,23 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from weknora_nb.core.errors import Problem, ResultsError
+from weknora_nb.core.errors import Problem, ResultsError, UsageError
 from weknora_nb.core.metrics import Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
 from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
 from weknora_nb.core.testset import TestSet
-from weknora_nb.core.tiers import tier
+from weknora_nb.core.tiers import check_domain_adjustment, tier
 
-__all__ = ["Scores", "score"]
+__all__ = ["Counts", "Scores", "score"]
 
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,66 @@ log = logging.getLogger(__name__)
 #: padding cells a grid of requests x longest list may hold beyond 4 per row before the
 #: long lists are cut to their first K_max distinct chunks by hashing instead
 GRID_SLACK = 1_000_000
+
+#: the values ``score(..., sub_chunks=...)`` accepts
+SUB_CHUNKS = ("expand", "ignore")
+
+_INVALID = "invalid query (no chunk of grade >= 1)"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Test-set and run counts of one :func:`score` call, never hidden.
+
+    Attributes
+    ----------
+    n_queries, n_valid, n_invalid : int
+        Queries in the test set; those with a chunk of grade >= 1 (scored); the others.
+    invalid_ids : list of str
+        Ids of the invalid queries, in test-set order.
+    n_requests : int
+        Rows of :attr:`Scores.requests`: every request seen, plus the missing ones.
+    n_scored : int
+        Requests scored (ok, of a valid query of the test set).
+    n_failed : int
+        Requests whose status is an error kind; ``failed_by_kind`` maps kind -> count.
+    n_missing : int
+        (valid query, stage, repeat) combinations the run lacks while other queries have them.
+    n_unknown_query : int
+        Requests naming a query id that the test set does not hold.
+    n_duplicates_removed : int
+        Repeated chunk ids removed from scored lists (first position kept).
+    n_sub_chunks_expanded : int
+        Absorbed neighbour chunks placed after their merged result (``sub_chunks="expand"``).
+    stages : list of str
+        Stages scored, in report order; ``repeats``: the distinct repeat numbers, ascending.
+    complete : bool
+        No request failed, is missing or names an unknown query (derived, not passed).
+    """
+
+    n_queries: int
+    n_valid: int
+    n_invalid: int
+    invalid_ids: list[str]
+    n_requests: int
+    n_scored: int
+    n_failed: int
+    failed_by_kind: dict[str, int]
+    n_missing: int
+    n_unknown_query: int
+    n_duplicates_removed: int
+    n_sub_chunks_expanded: int
+    stages: list[str]
+    repeats: list[int]
+    complete: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "complete",
+                           self.n_failed == 0 and self.n_missing == 0 and self.n_unknown_query == 0)
+
+    def to_dict(self) -> dict:
+        """Every field by name, in the order above (a deep copy: plain lists and dicts)."""
+        return asdict(self)
 
 
 @dataclass
@@ -71,8 +139,8 @@ class Scores:
     summary : DataFrame
         Long format, one row per (stage, metric): ``mean`` (mean of repeat means),
         ``std`` / ``min`` / ``max`` across repeats, ``n_repeats``, ``n_queries``, ``tier``.
-    counts : dict
-        Test-set and run counts (see :meth:`counts`), never hidden.
+    counts : Counts
+        Test-set and run counts, never hidden.
     warnings : list of str
         Plain-words warnings every report must show.
     """
@@ -83,7 +151,7 @@ class Scores:
     excluded: pd.DataFrame
     by_repeat: pd.DataFrame
     summary: pd.DataFrame
-    counts: dict
+    counts: Counts
     testset: TestSet = field(repr=False)
     warnings: list[str] = field(default_factory=list)
     domain_adjustment: float = 0.0
@@ -95,16 +163,18 @@ class Scores:
 
     @property
     def metric_names(self) -> list[str]:
+        """Canonical names of the metrics, in the order asked."""
         return [m.name for m in self.metrics]
 
     @property
     def stages(self) -> list[str]:
+        """Stages of the summary, in report order."""
         return list(dict.fromkeys(self.summary["stage"]))
 
     @property
     def complete(self) -> bool:
         """False when any request failed, is missing, or names an unknown query."""
-        return bool(self.counts["complete"])
+        return self.counts.complete
 
     def summary_wide(self, value: str = "mean") -> pd.DataFrame:
         """Stages as rows, metrics as columns (in the order asked)."""
@@ -120,21 +190,20 @@ class Scores:
         return out.reset_index()
 
     def to_json_dict(self, *, per_query: bool = True) -> dict:
-        """The ``weknora-nb score --json`` object."""
+        """The ``weknora-nb score --json`` object.
+
+        ``summary`` and ``tiers`` are always keyed by stage, then metric
+        (``{"final": {"ndcg@5": 0.71}}``), whatever the number of stages; ``spread`` is
+        keyed ``"stage/metric"``.
+        """
         wide = self.summary_wide()
         tiers = self.summary_wide("tier")
-        if len(wide) == 1:
-            summary = {m: _num(wide.iloc[0][m]) for m in wide.columns}
-            tier_map = {m: _str(tiers.iloc[0][m]) for m in tiers.columns}
-        else:
-            summary = {s: {m: _num(wide.loc[s, m]) for m in wide.columns} for s in wide.index}
-            tier_map = {s: {m: _str(tiers.loc[s, m]) for m in tiers.columns} for s in tiers.index}
         out = {
-            "summary": summary,
-            "tiers": tier_map,
+            "summary": {s: {m: _num(wide.loc[s, m]) for m in wide.columns} for s in wide.index},
+            "tiers": {s: {m: _str(tiers.loc[s, m]) for m in tiers.columns} for s in tiers.index},
             "spread": {f"{r.stage}/{r.metric}": {"std": _num(r.std), "min": _num(r.min), "max": _num(r.max)}
                        for r in self.summary.itertuples()},
-            "counts": self.counts,
+            "counts": self.counts.to_dict(),
             "complete": self.complete,
             "warnings": self.warnings,
             "testset_hash": self.testset_hash,
@@ -155,10 +224,12 @@ class Scores:
 
 
 def _num(x) -> float | None:
+    """``x`` as a float, None for a missing value (JSON null)."""
     return None if x is None or pd.isna(x) else float(x)
 
 
 def _str(x) -> str | None:
+    """``x`` when it is a string (a tier), else None."""
     return x if isinstance(x, str) else None
 
 
@@ -270,6 +341,85 @@ def _first_k_distinct(grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     return top, n_dup
 
 
+
+# -- what passes between the steps --------------------------------------------------------
+
+
+@dataclass
+class _Requests:
+    """The rows grouped into requests (step 1), as the later steps read them.
+
+    Row arrays (``query`` .. ``has_chunk``, one entry per row) are in an order where each
+    request's rows lie together, in rank order; request arrays (``starts`` .. ``key``) have
+    one entry per request, in the order the requests' rows come.
+    """
+
+    codes: ResultCodes            # the rows scored (after the stage filter): their dictionaries, latency
+    query: np.ndarray             # query code of each row
+    stage: np.ndarray             # stage code of each row
+    rank: np.ndarray
+    chunk: np.ndarray             # chunk code, -1 where none (a failed request's row)
+    status: np.ndarray            # status code; an empty status reads as ``ok``
+    has_chunk: np.ndarray         # chunk >= 0
+    brk: np.ndarray               # brk[j]: row j + 1 starts a request
+    ordered: bool                 # ranks strictly increase within every request
+    statuses: np.ndarray          # status names (``ok`` added when an empty status needed it)
+    order: np.ndarray | None      # row j here is row order[j] of ``codes`` (None: same order)
+    row_number: np.ndarray | None  # row i of ``codes`` is 0-based row row_number[i] of the caller's table
+    starts: np.ndarray            # first row of each request
+    lengths: np.ndarray           # rows of each request
+    r_query: np.ndarray           # query code of each request
+    r_stage: np.ndarray           # stage code of each request
+    repeats: np.ndarray           # distinct repeat numbers, ascending
+    r_repeat: np.ndarray          # each request's repeat, as a position in ``repeats``
+    key: np.ndarray               # (query * n_stages + stage) * n_repeats + repeat position, int64
+
+    @property
+    def n(self) -> int:
+        """Number of requests."""
+        return len(self.starts)
+
+    @property
+    def n_rep(self) -> int:
+        """Number of distinct repeats (at least 1: the base of ``key``)."""
+        return max(len(self.repeats), 1)
+
+    def row_of(self, j: int) -> int:
+        """1-based row number in the caller's table of row ``j`` (in the order here)."""
+        j = int(self.order[j]) if self.order is not None else int(j)
+        return (int(self.row_number[j]) if self.row_number is not None else j) + 1
+
+    def latency(self) -> np.ndarray:
+        """Latency (ms) of each request, NaN when the results carry none."""
+        lat = self.codes.latency_ms
+        if lat is None:
+            return np.full(self.n, np.nan)
+        return lat[self.order[self.starts]] if self.order is not None else lat[self.starts]
+
+
+@dataclass
+class _Selection:
+    """Which requests are scored (step 3), and why the others are not."""
+
+    ts_query: np.ndarray  # each request's query as a row of the test set, -1 when unknown
+    status: np.ndarray    # each request's status name
+    known: np.ndarray     # the test set holds the query
+    scored: np.ndarray    # ok, of a known and valid query
+    reason: np.ndarray    # why a request is not scored (None when scored)
+
+
+@dataclass
+class _Lists:
+    """The scored requests' ranked lists after duplicate removal (step 4)."""
+
+    top: np.ndarray           # requests x K_max: first K_max distinct chunk codes, -1 padding
+    n_returned: np.ndarray    # distinct chunks returned per request (0 when not scored)
+    n_duplicates: np.ndarray  # repeated chunk ids removed per request (0 when not scored)
+
+
+# -- the entry point ------------------------------------------------------------------------
+
+
 def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathLike,
           metrics: Iterable[str | Metric] | str | None = None, *,
           stages: Iterable[str] | None = None, domain_adjustment: float = 0.0, sub_chunks: str = "expand",
@@ -284,9 +434,9 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
         results file (a Parquet file is then read straight into integer codes, without
         a pandas table: the fast path for large runs). Rows are checked either way.
     metrics : list of str, optional
-        Metric names (default :data:`weknora_nb.metrics.DEFAULT_METRICS`).
+        Metric names (default :data:`weknora_nb.core.metrics.DEFAULT_METRICS`).
     stages : list of str, optional
-        Keep only these stages (in this order).
+        Keep only these stages (in this order); each must be in the results.
     domain_adjustment : float, default 0
         Lower every acceptance threshold by this fraction (0, or 0.05-0.10).
     sub_chunks : {"expand", "ignore"}, default "expand"
@@ -307,300 +457,443 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
         given twice within a request.
     MetricError
         An unknown metric name.
+    UsageError
+        A stage asked for that the results do not hold, a bad ``sub_chunks`` or
+        ``domain_adjustment``.
     """
     mets = parse_metrics(metrics)
-    tier(mets[0].name, 0.0, domain_adjustment)  # validates the adjustment early
-    if sub_chunks not in ("expand", "ignore"):
-        raise ValueError(f"sub_chunks must be 'expand' or 'ignore'. Got {sub_chunks!r} instead.")
+    check_domain_adjustment(domain_adjustment)
+    if sub_chunks not in SUB_CHUNKS:
+        raise UsageError(argument="sub_chunks", allowed=list(SUB_CHUNKS), got=sub_chunks)
+    rc, n_expanded, source = _read(results, sub_chunks, source)
+    rc, row_number, stages = _keep_stages(rc, stages)
+    req = _group_requests(rc, row_number)
+    _check_structure(req, source)
+    sel = _select(req, testset)
+    lists = _distinct_lists(req, sel.scored, max(m.k for m in mets))
+    values = _metric_values(req, sel, lists.top, testset, mets)
+    requests, values = _requests_table(req, sel, lists, values, testset.queries)
+    names = [m.name for m in mets]
+    per_query = _per_query_table(requests, values, names, has_latency=rc.latency_ms is not None)
+    excluded = _excluded_table(testset.queries, requests)
+    stage_order = stages if stages is not None else _stage_order(rc.stages[req.r_stage])
+    by_repeat = _by_repeat_table(per_query, names, stage_order)
+    summary = _summary_table(by_repeat, _queries_per_stage(req, sel.scored), names, stage_order,
+                             domain_adjustment)
+    counts = _counts(testset.queries, requests, sel, lists, n_expanded, stage_order, req.repeats)
+    warnings = _warnings(counts, domain_adjustment)
+    return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
+                  summary=summary, counts=counts, testset=testset, warnings=warnings,
+                  domain_adjustment=domain_adjustment)
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def _read(results: pd.DataFrame | ResultCodes | str | os.PathLike, sub_chunks: str,
+          source: str | None) -> tuple[ResultCodes, int, str]:
+    """The results as integer codes, the number of absorbed chunks unfolded, and the name for
+    error messages. A path is read (straight into codes when it can be); a table has its
+    merged results unfolded (``sub_chunks="expand"``) and its rows checked."""
     if isinstance(results, (str, os.PathLike)):
         source = source or str(results)
-        results = read_results_for_scoring(results)
+        results = read_results_for_scoring(Path(results))
     source = source or "<results>"
+    if not isinstance(results, pd.DataFrame):
+        return results, 0, source
     n_expanded = 0
-    if isinstance(results, pd.DataFrame):
-        if sub_chunks == "expand":
-            results, n_expanded = expand_sub_chunks(results)
-        rc = ResultCodes.from_frame(results)
-        bad = rc.check(source)  # a table built by hand gets read_results's row checks too (reductions: cheap)
-        if bad:
-            raise ResultsError(source, bad)
-    else:
-        rc = results
-    row_number = None  # position in rc -> 0-based row of the caller's table, when they differ
-    if stages is not None:
-        stages = list(stages)
-        wanted = np.append(np.isin(rc.stages, stages), False)  # the last slot serves code -1
-        keep = wanted[rc.stage]
-        if not keep.all():
-            row_number = np.flatnonzero(keep)
-            rc = rc.take(row_number)
-    n_rows = len(rc)
+    if sub_chunks == "expand":
+        results, n_expanded = expand_sub_chunks(results)
+    rc = ResultCodes.from_frame(results)
+    bad = rc.check(source)  # a table built by hand gets read_results's row checks too (reductions: cheap)
+    if bad:
+        raise ResultsError(source, bad)
+    return rc, n_expanded, source
 
-    # -- 1. requests: runs of rows with the same (query, stage, repeat) -----------------
+
+def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
+                 ) -> tuple[ResultCodes, np.ndarray | None, list[str] | None]:
+    """Only the rows of ``stages`` (every row when None), the position in ``rc`` of each row
+    kept (None when all are kept), and ``stages`` as a list.
+
+    Raises UsageError naming the stages the results hold (in pipeline order) when one of
+    ``stages`` has no row.
+    """
+    if stages is None:
+        return rc, None, None
+    stages = list(stages)
+    present = np.zeros(len(rc.stages) + 1, bool)  # the last slot serves code -1
+    present[rc.stage] = True
+    held = _stage_order(rc.stages[present[:-1]])
+    absent = [s for s in stages if s not in held]
+    if absent:
+        raise UsageError(argument="stage", allowed=held or "a stage of the results (they hold none)",
+                         got=absent[0])
+    wanted = np.append(np.isin(rc.stages, stages), False)
+    keep = wanted[rc.stage]
+    if keep.all():
+        return rc, None, stages
+    row_number = np.flatnonzero(keep)
+    return rc.take(row_number), row_number, stages
+
+
+# -- 1. requests: runs of rows with the same (query, stage, repeat) --------------------------
+
+
+def _group_requests(rc: ResultCodes, row_number: np.ndarray | None) -> _Requests:
+    """Step 1: the rows as requests, runs of equal (query, stage, repeat).
+
+    The rows keep their order when every request's rows lie together in rank order (the
+    collector's files); otherwise they are sorted by request key, then rank (stable, so
+    errors still name the first offending row).
+    """
     q, s, rep, rank, c = rc.query, rc.stage, rc.repeat, rc.rank, rc.chunk
-    st, st_uni = rc.status, rc.statuses
-    if n_rows and st.min() < 0:  # an empty status means ok
-        if "ok" not in st_uni:
-            st_uni = np.append(st_uni, "ok")
-        st = np.where(st < 0, int(np.flatnonzero(st_uni == "ok")[0]), st)
-    q_uni, s_uni = rc.queries, rc.stages
+    st, statuses = _empty_status_is_ok(rc.status, rc.statuses)
+    starts, brk, ordered = _runs(q, s, rep, rank)
+    repeats, r_repeat = np.unique(rep[starts], return_inverse=True)
+    n_s, n_rep = max(len(rc.stages), 1), max(len(repeats), 1)
+    key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
     order = None
-
-    def runs(q, s, rep, rank):
-        """Where each run of equal (query, stage, repeat) starts, the break mask, and whether
-        ranks strictly increase within every run."""
-        if not len(q):
-            return np.zeros(0, np.int64), np.zeros(0, bool), True
-        brk = q[1:] != q[:-1]
-        for a in (s, rep):  # a constant column cannot break a run
-            if a.min() != a.max():
-                brk |= a[1:] != a[:-1]
-        starts = np.r_[0, np.flatnonzero(brk) + 1]
-        ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
-        return starts, brk, ordered
-
-    starts, brk, ordered = runs(q, s, rep, rank)
-    rep_uni, r_repc = np.unique(rep[starts], return_inverse=True)
-    n_s, n_rep = max(len(s_uni), 1), max(len(rep_uni), 1)
-
-    def request_keys(starts, r_repc):
-        return (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repc
-
-    r_key = request_keys(starts, r_repc)
-    if not ordered or (np.any(r_key[1:] <= r_key[:-1]) and len(np.unique(r_key)) != len(r_key)):
+    if not ordered or (np.any(key[1:] <= key[:-1]) and len(np.unique(key)) != len(key)):
         # rows of a request are not together, or not in rank order: sort (row order kept for errors)
-        row_req = np.repeat(r_key, np.diff(np.r_[starts, n_rows]))
-        top_rank = int(rank.max(initial=0)) + 1
-        if int(r_key.max(initial=0)) < (1 << 62) // top_rank:
-            order = np.argsort(row_req * top_rank + rank, kind="stable")
-        else:
-            order = np.lexsort((rank, row_req))
+        order = _request_order(key, np.diff(np.r_[starts, len(rc)]), rank)
         q, s, rep, rank, c, st = q[order], s[order], rep[order], rank[order], c[order], st[order]
-        starts, brk, ordered = runs(q, s, rep, rank)
-        r_repc = np.searchsorted(rep_uni, rep[starts])
-        r_key = request_keys(starts, r_repc)
+        starts, brk, ordered = _runs(q, s, rep, rank)
+        r_repeat = np.searchsorted(repeats, rep[starts])
+        key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
+    return _Requests(codes=rc, query=q, stage=s, rank=rank, chunk=c, status=st, has_chunk=c >= 0, brk=brk,
+                     ordered=ordered, statuses=statuses, order=order, row_number=row_number, starts=starts,
+                     lengths=np.diff(np.r_[starts, len(rc)]), r_query=q[starts], r_stage=s[starts],
+                     repeats=repeats, r_repeat=r_repeat, key=key)
 
-    def row_of(j: int) -> int:
-        """1-based row number in the caller's table of sorted row j."""
-        j = int(order[j]) if order is not None else int(j)
-        return (int(row_number[j]) if row_number is not None else j) + 1
 
-    n_req = len(starts)
-    lengths = np.diff(np.r_[starts, n_rows])
-    r_q, r_s = q[starts], s[starts]
+def _empty_status_is_ok(status: np.ndarray, statuses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Status codes and names where an empty status (code -1) reads as ``ok``."""
+    if not len(status) or status.min() >= 0:
+        return status, statuses
+    if "ok" not in statuses:
+        statuses = np.append(statuses, "ok")
+    return np.where(status < 0, int(np.flatnonzero(statuses == "ok")[0]), status), statuses
 
-    # -- 2. structure -------------------------------------------------------------------
+
+def _runs(q: np.ndarray, s: np.ndarray, rep: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Where each run of equal (query, stage, repeat) starts, the break mask (``brk[j]``: row
+    j + 1 starts a run), and whether ranks strictly increase within every run."""
+    if not len(q):
+        return np.zeros(0, np.int64), np.zeros(0, bool), True
+    brk = q[1:] != q[:-1]
+    for a in (s, rep):  # a constant column cannot break a run
+        if a.min() != a.max():
+            brk |= a[1:] != a[:-1]
+    starts = np.r_[0, np.flatnonzero(brk) + 1]
+    ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
+    return starts, brk, ordered
+
+
+def _request_order(key: np.ndarray, lengths: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """The stable permutation sorting rows by (request key, rank), given the key and length
+    of each run of rows: one int64 argsort when key x (max rank + 1) fits, else a lexsort."""
+    row_key = np.repeat(key, lengths)
+    top_rank = int(rank.max(initial=0)) + 1
+    if int(key.max(initial=0)) < (1 << 62) // top_rank:
+        return np.argsort(row_key * top_rank + rank, kind="stable")
+    return np.lexsort((rank, row_key))
+
+
+# -- 2. structure --------------------------------------------------------------------------
+
+
+def _check_structure(req: _Requests, source: str) -> None:
+    """Step 2: ResultsError (up to 20 of each, by row) for a request whose rows carry
+    different statuses, or a rank given twice for returned chunks of one request."""
     problems: list[Problem] = []
+    st, brk, n_rows = req.status, req.brk, len(req.query)
+    queries, stages = req.codes.queries, req.codes.stages
     if n_rows > 1 and st.min() != st.max():
         mixed = np.flatnonzero((st[1:] != st[:-1]) > brk) + 1
-        for r in np.unique(np.searchsorted(starts, mixed, side="right") - 1)[:20]:
-            problems.append(Problem(source, row_of(starts[r]), "status",
-                                    f"request ({q_uni[r_q[r]]!r}, {s_uni[r_s[r]]!r}, repeat {rep_uni[r_repc[r]]}) "
-                                    "has rows with different statuses", "row"))
-    has_chunk = c >= 0
-    if n_rows > 1 and not ordered:  # ranks within a request are not all increasing: a rank given twice?
-        for j in (np.flatnonzero((rank[1:] == rank[:-1]) & ~brk & has_chunk[1:] & has_chunk[:-1]) + 1)[:20]:
-            problems.append(Problem(source, row_of(j), "rank",
-                                    f"rank {rank[j]} appears twice in request ({q_uni[q[j]]!r}, {s_uni[s[j]]!r})",
+        for r in np.unique(np.searchsorted(req.starts, mixed, side="right") - 1)[:20]:
+            problems.append(Problem(source, req.row_of(req.starts[r]), "status",
+                                    f"request ({queries[req.r_query[r]]!r}, {stages[req.r_stage[r]]!r}, "
+                                    f"repeat {req.repeats[req.r_repeat[r]]}) has rows with different statuses",
                                     "row"))
+    if n_rows > 1 and not req.ordered:  # ranks within a request are not all increasing: a rank given twice?
+        rank, has = req.rank, req.has_chunk
+        for j in (np.flatnonzero((rank[1:] == rank[:-1]) & ~brk & has[1:] & has[:-1]) + 1)[:20]:
+            problems.append(Problem(source, req.row_of(j), "rank",
+                                    f"rank {rank[j]} appears twice in request ({queries[req.query[j]]!r}, "
+                                    f"{stages[req.stage[j]]!r})", "row"))
     if problems:
         raise ResultsError(source, problems)
 
-    # -- 3. what is scored ---------------------------------------------------------------
+
+# -- 3. what is scored ---------------------------------------------------------------------
+
+
+def _select(req: _Requests, testset: TestSet) -> _Selection:
+    """Step 3: a request is scored when its status is ``ok`` and its query is a valid query
+    of the test set; the reason of every other request (unknown query id, invalid query,
+    ``failed: <kind>``)."""
     ts_q = testset.queries
-    q_in_ts = np.append(_index_in(q_uni, ts_q["query_id"]), -1)  # the last slot serves code -1
+    q_in_ts = np.append(_index_in(req.codes.queries, ts_q["query_id"]), -1)  # the last slot serves code -1
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
-    r_ts = q_in_ts[r_q]
-    r_status = st_uni[st[starts]] if n_req else np.zeros(0, object)
-    ok_label = np.flatnonzero(st_uni == "ok")
-    r_ok = st[starts] == ok_label[0] if len(ok_label) else np.zeros(n_req, bool)
-    r_known = r_ts >= 0
-    r_valid = np.zeros(n_req, bool)
-    r_valid[r_known] = ts_valid[r_ts[r_known]]
-    r_scored = r_ok & r_known & r_valid
+    r_ts = q_in_ts[req.r_query]
+    r_st = req.status[req.starts]
+    status = req.statuses[r_st] if req.n else np.zeros(0, object)
+    ok_label = np.flatnonzero(req.statuses == "ok")
+    ok = r_st == ok_label[0] if len(ok_label) else np.zeros(req.n, bool)
+    known = r_ts >= 0
+    valid = np.zeros(req.n, bool)
+    valid[known] = ts_valid[r_ts[known]]
+    reason = np.full(req.n, None, dtype=object)
+    reason[~known] = "unknown query id (not in the test set)"
+    reason[known & ~valid] = _INVALID
+    failed = known & valid & ~ok
+    if failed.any():
+        reason[failed] = np.char.add("failed: ", status[failed].astype(str))
+    return _Selection(ts_query=r_ts, status=status, known=known, scored=ok & known & valid, reason=reason)
 
-    reason = np.full(n_req, None, dtype=object)
-    reason[~r_known] = "unknown query id (not in the test set)"
-    reason[r_known & ~r_valid] = "invalid query (no chunk of grade >= 1)"
-    failed = r_known & r_valid & ~r_ok
-    reason[failed] = np.char.add("failed: ", r_status[failed].astype(str)) if failed.any() else reason[failed]
 
-    # -- 4. each scored request as a row of a grid; duplicates out; the first K_max kept ------
-    k_max = max(m.k for m in mets)
-    n_dups_req = np.zeros(n_req, np.int64)
-    if n_req and lengths.min() == lengths.max() and has_chunk.all():
+# -- 4. each scored request as a row of a grid; duplicates out; the first K_max kept ----------
+
+
+def _distinct_lists(req: _Requests, scored: np.ndarray, k_max: int) -> _Lists:
+    """Step 4: each scored request's first ``k_max`` distinct chunk codes (first position
+    kept, ranks closed up) and its counts of distinct and repeated chunk ids (over the
+    whole list). Requests not scored get an empty row and zero counts."""
+    lengths = req.lengths
+    if req.n and lengths.min() == lengths.max() and req.has_chunk.all():
         # the usual case: every request returned the same number of chunks, so the rows are the grid;
         # requests not scored are blanked out below
-        kept_len = np.where(r_scored, lengths, 0)
-        grid = c.reshape(n_req, int(lengths[0]))
+        kept_len = np.where(scored, lengths, 0)
+        grid = req.chunk.reshape(req.n, int(lengths[0]))
+        n_dups = np.zeros(req.n, np.int64)
     else:
-        keep_row = np.repeat(r_scored, lengths) & has_chunk
-        rows = np.flatnonzero(keep_row)
-        rq = np.repeat(np.arange(n_req), lengths)[rows]
-        rc_ = c[rows]
-        kept_len = np.bincount(rq, minlength=n_req)
-        width = int(kept_len.max(initial=0))
-        if n_req * width > 4 * len(rows) + GRID_SLACK:
-            # a few very long lists among short ones: remove repeats by hashing, keep each request's first K_max
-            dup = pd.Series(rq.astype(np.int64) * max(len(rc.chunks), 1) + rc_).duplicated(keep="first").to_numpy()
-            n_dups_req = np.bincount(rq[dup], minlength=n_req)
-            rq, rc_ = rq[~dup], rc_[~dup]
-            width = k_max
-        n_k = np.bincount(rq, minlength=n_req)
-        col = np.arange(len(rq)) - np.repeat(np.cumsum(n_k) - n_k, n_k)
-        near = col < width
-        pad = -1 - np.arange(width, dtype=np.int64)  # distinct padding: never taken for a repeat
-        grid = np.broadcast_to(pad, (n_req, width)).astype(np.promote_types(c.dtype, np.int32))
-        grid[rq[near], col[near]] = rc_[near]
+        grid, kept_len, n_dups = _ragged_grid(req, scored, k_max)
     top, n_dup = _first_k_distinct(grid, k_max)
-    n_dups_req += n_dup
-    top[~r_scored] = -1
-    n_dups_req[~r_scored] = 0
-    n_ret_req = kept_len - n_dups_req
-    del grid
+    n_dups += n_dup
+    top[~scored] = -1
+    n_dups[~scored] = 0
+    return _Lists(top=top, n_returned=kept_len - n_dups, n_duplicates=n_dups)
 
-    # -- 5. grades and metrics ------------------------------------------------------------
-    # every metric sums over relevant rows only (a grade-0 row adds nothing), so only they go on,
-    # each with its 1-based position among its request's distinct chunks
+
+def _ragged_grid(req: _Requests, scored: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The returned chunks of the scored requests as rows of a grid, when lists differ in
+    length: (grid, chunks returned per request, repeats already removed per request).
+
+    Cells past a list's end hold distinct negative values (never taken for a repeat). When
+    requests x longest list exceeds 4 cells per returned chunk + GRID_SLACK (a few very long
+    lists among short ones), repeats are removed by hashing first and the grid is only
+    ``k_max`` wide.
+    """
+    n_req = req.n
+    rows = np.flatnonzero(np.repeat(scored, req.lengths) & req.has_chunk)
+    rq = np.repeat(np.arange(n_req), req.lengths)[rows]
+    chunk = req.chunk[rows]
+    kept_len = np.bincount(rq, minlength=n_req)
+    width = int(kept_len.max(initial=0))
+    n_dups = np.zeros(n_req, np.int64)
+    if n_req * width > 4 * len(rows) + GRID_SLACK:
+        # a few very long lists among short ones: remove repeats by hashing, keep each request's first K_max
+        cell = rq.astype(np.int64) * max(len(req.codes.chunks), 1) + chunk
+        dup = pd.Series(cell).duplicated(keep="first").to_numpy()
+        n_dups = np.bincount(rq[dup], minlength=n_req)
+        rq, chunk = rq[~dup], chunk[~dup]
+        width = k_max
+    n_k = np.bincount(rq, minlength=n_req)
+    col = np.arange(len(rq)) - np.repeat(np.cumsum(n_k) - n_k, n_k)
+    near = col < width
+    pad = -1 - np.arange(width, dtype=np.int64)  # distinct padding: never taken for a repeat
+    grid = np.broadcast_to(pad, (n_req, width)).astype(np.promote_types(req.chunk.dtype, np.int32))
+    grid[rq[near], col[near]] = chunk[near]
+    return grid, kept_len, n_dups
+
+
+# -- 5. grades and metrics -----------------------------------------------------------------
+
+
+def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: TestSet,
+                   mets: list[Metric]) -> dict[str, np.ndarray]:
+    """Step 5: each metric's value for every scored request (in request order).
+
+    Every metric sums over relevant cells only (a grade-0 cell adds nothing), so only they
+    go on to the kernels, each with its 1-based position among its request's distinct chunks.
+    """
     lab = _Relevance.of(testset)
-    c_in_lab = np.append(_index_in(rc.chunks, lab.chunks), -1)  # the last slot serves -1
+    c_in_lab = np.append(_index_in(req.codes.chunks, lab.chunks), -1)  # the last slot serves -1
     top_lab = c_in_lab[top]
-    key = r_ts[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
+    key = sel.ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
     key[top_lab < 0] = -1  # never a label key
     grade = _lookup(key.ravel(), lab.keys, lab.grades).reshape(top.shape)
     cell_req, cell_col = np.nonzero(grade >= 1)  # row-major: by request, then position
-    sc = np.flatnonzero(r_scored)  # scored requests, renumbered 0..n_sc-1
-    new_id = np.full(n_req, -1)
+    sc = np.flatnonzero(sel.scored)  # scored requests, renumbered 0..n_sc-1
+    new_id = np.full(req.n, -1)
     new_id[sc] = np.arange(len(sc))
     rl = RankedLists(req=new_id[cell_req], pos=cell_col + 1, grade=grade[cell_req, cell_col], n_req=len(sc),
-                     req_query=r_ts[sc], n_q=len(ts_q), n_rel=lab.n_rel, ideal_q=lab.ideal_q,
+                     req_query=sel.ts_query[sc], n_q=len(testset.queries), n_rel=lab.n_rel, ideal_q=lab.ideal_q,
                      ideal_pos=lab.ideal_pos, ideal_grade=lab.ideal_grade)
-    values = {m.name: compute(rl, m) for m in mets}
+    return {m.name: compute(rl, m) for m in mets}
 
-    # requests in (query, stage, repeat) code order, whatever the order of the file
-    if n_req > 1 and np.any(r_key[1:] < r_key[:-1]):
-        by_key = np.argsort(r_key, kind="stable")
-        at_sc = np.argsort(r_key[sc], kind="stable")
+
+# -- 6. tables, counts, warnings ------------------------------------------------------------
+
+
+def _requests_table(req: _Requests, sel: _Selection, lists: _Lists, values: dict[str, np.ndarray],
+                    ts_q: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """The requests table: every request in (query, stage, repeat) code order whatever the
+    order of the file, then the missing ones; and ``values`` put in the same order."""
+    if req.n > 1 and np.any(req.key[1:] < req.key[:-1]):
+        by_key: np.ndarray | slice = np.argsort(req.key, kind="stable")
+        at_sc = np.argsort(req.key[sel.scored], kind="stable")
         values = {k: v[at_sc] for k, v in values.items()}
     else:
         by_key = slice(None)
-    lat = rc.latency_ms
-    lat = (lat[order] if order is not None else lat)[starts] if lat is not None else np.full(n_req, np.nan)
-
-    # -- tables -------------------------------------------------------------------------
     requests = pd.DataFrame({
-        "query_id": q_uni[r_q],
-        "stage": s_uni[r_s],
-        "repeat": rep_uni[r_repc],
-        "status": r_status,
-        "scored": r_scored,
-        "reason": reason,
-        "n_returned": n_ret_req,
-        "n_duplicates": n_dups_req,
-        "latency_ms": lat,
+        "query_id": req.codes.queries[req.r_query],
+        "stage": req.codes.stages[req.r_stage],
+        "repeat": req.repeats[req.r_repeat],
+        "status": sel.status,
+        "scored": sel.scored,
+        "reason": sel.reason,
+        "n_returned": lists.n_returned,
+        "n_duplicates": lists.n_duplicates,
+        "latency_ms": req.latency(),
     }).iloc[by_key].reset_index(drop=True)
-    # valid queries missing from a (stage, repeat) that the run has, in the order the combinations first appear
-    combo = r_s.astype(np.int64) * n_rep + r_repc
-    combos, first, combo_of_req = np.unique(combo, return_index=True, return_inverse=True)
-    if len(combos) and ts_valid.any():
-        seen = np.zeros((len(combos), len(ts_q)), bool)
-        seen[combo_of_req[r_known], r_ts[r_known]] = True
-        at = np.argsort(first, kind="stable")
-        m_combo, m_q = np.nonzero(~seen[at] & ts_valid)
-        if len(m_combo):
-            m_combo = at[m_combo]
-            missing = pd.DataFrame({
-                "query_id": ts_q["query_id"].to_numpy()[m_q], "stage": s_uni[combos[m_combo] // n_rep],
-                "repeat": rep_uni[combos[m_combo] % n_rep], "status": "missing", "scored": False,
-                "reason": "missing: not collected", "n_returned": 0, "n_duplicates": 0, "latency_ms": np.nan})
-            requests = pd.concat([requests, missing], ignore_index=True)
+    missing = _missing_requests(req, sel, ts_q)
+    if missing is not None:
+        requests = pd.concat([requests, missing], ignore_index=True)
     requests["repeat"] = requests["repeat"].astype(np.int64)
+    return requests, values
 
+
+def _missing_requests(req: _Requests, sel: _Selection, ts_q: pd.DataFrame) -> pd.DataFrame | None:
+    """Requests rows (status ``missing``) for the valid queries absent from a (stage, repeat)
+    that the run has, in the order the combinations first appear; None when there are none."""
+    ts_valid = ts_q["valid"].to_numpy(dtype=bool)
+    combo = req.r_stage.astype(np.int64) * req.n_rep + req.r_repeat
+    combos, first, combo_of_req = np.unique(combo, return_index=True, return_inverse=True)
+    if not len(combos) or not ts_valid.any():
+        return None
+    seen = np.zeros((len(combos), len(ts_q)), bool)
+    seen[combo_of_req[sel.known], sel.ts_query[sel.known]] = True
+    at = np.argsort(first, kind="stable")
+    m_combo, m_q = np.nonzero(~seen[at] & ts_valid)
+    if not len(m_combo):
+        return None
+    m_combo = at[m_combo]
+    return pd.DataFrame({
+        "query_id": ts_q["query_id"].to_numpy()[m_q], "stage": req.codes.stages[combos[m_combo] // req.n_rep],
+        "repeat": req.repeats[combos[m_combo] % req.n_rep], "status": "missing", "scored": False,
+        "reason": "missing: not collected", "n_returned": 0, "n_duplicates": 0, "latency_ms": np.nan})
+
+
+def _per_query_table(requests: pd.DataFrame, values: dict[str, np.ndarray], names: list[str], *,
+                     has_latency: bool) -> pd.DataFrame:
+    """One row per scored request: ids, one column per metric, list counts, latency (when
+    the results carry it)."""
     per_query = requests.loc[requests["scored"], ["query_id", "stage", "repeat", "n_returned", "n_duplicates",
                                                   "latency_ms"]].reset_index(drop=True)
     for name, v in values.items():
         per_query[name] = v
-    if rc.latency_ms is None:
+    if not has_latency:
         per_query = per_query.drop(columns="latency_ms")
-    metric_cols = [m.name for m in mets]
-    per_query = per_query[["query_id", "stage", "repeat", *metric_cols,
-                           *[c for c in ("n_returned", "n_duplicates", "latency_ms") if c in per_query]]]
+    return per_query[["query_id", "stage", "repeat", *names,
+                      *[c for c in ("n_returned", "n_duplicates", "latency_ms") if c in per_query]]]
 
-    inv = ts_q.loc[~ts_q["valid"], ["query_id"]].assign(stage=None, repeat=pd.NA,
-                                                          reason="invalid query (no chunk of grade >= 1)")
+
+def _excluded_table(ts_q: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """What no mean includes: the invalid queries (stage and repeat empty), then every
+    request not scored for another reason (failed, missing, unknown query)."""
+    inv = ts_q.loc[~ts_q["valid"], ["query_id"]].assign(stage=None, repeat=pd.NA, reason=_INVALID)
     not_scored = requests.loc[~requests["scored"] & requests["reason"].notna()
                               & ~requests["reason"].astype(str).str.startswith("invalid"),
                               ["query_id", "stage", "repeat", "reason"]]
     excluded = pd.concat([inv, not_scored], ignore_index=True) if len(not_scored) else inv.reset_index(drop=True)
     excluded["repeat"] = excluded["repeat"].astype("Int64")
+    return excluded
 
-    seen_stages = list(dict.fromkeys(s_uni[r_s]))
-    stage_order = stages if stages is not None else _stage_order(seen_stages)
-    by_repeat = (per_query.groupby(["stage", "repeat"], sort=False)[metric_cols].mean()
-                 .join(per_query.groupby(["stage", "repeat"], sort=False).size().rename("n_scored"))
-                 .reset_index())
-    by_repeat = by_repeat[["stage", "repeat", "n_scored", *metric_cols]]
+
+def _by_repeat_table(per_query: pd.DataFrame, names: list[str], stage_order: list[str]) -> pd.DataFrame:
+    """Mean of each metric per (stage, repeat) and the requests scored, stages in
+    ``stage_order`` then repeats ascending."""
+    g = per_query.groupby(["stage", "repeat"], sort=False)
+    by_repeat = g[names].mean().join(g.size().rename("n_scored")).reset_index()
+    by_repeat = by_repeat[["stage", "repeat", "n_scored", *names]]
     by_repeat["_o"] = by_repeat["stage"].map({s: i for i, s in enumerate(stage_order)})
-    by_repeat = by_repeat.sort_values(["_o", "repeat"]).drop(columns="_o").reset_index(drop=True)
+    return by_repeat.sort_values(["_o", "repeat"]).drop(columns="_o").reset_index(drop=True)
 
-    sc_stage_q = np.unique(r_s[sc].astype(np.int64) * max(len(q_uni), 1) + r_q[sc])
-    n_queries_of_stage = {s_uni[k]: int(v) for k, v in zip(*np.unique(sc_stage_q // max(len(q_uni), 1),
-                                                                       return_counts=True))}
-    summary_rows = []
-    for stage in stage_order:
+
+def _queries_per_stage(req: _Requests, scored: np.ndarray) -> dict[str, int]:
+    """Distinct queries with a scored request, per stage name."""
+    sc = np.flatnonzero(scored)
+    n_q = max(len(req.codes.queries), 1)
+    stage_query = np.unique(req.r_stage[sc].astype(np.int64) * n_q + req.r_query[sc])
+    stage, n = np.unique(stage_query // n_q, return_counts=True)
+    return {req.codes.stages[k]: int(v) for k, v in zip(stage, n, strict=True)}
+
+
+def _summary_table(by_repeat: pd.DataFrame, n_queries: dict[str, int], names: list[str], stage_order: list[str],
+                   domain_adjustment: float) -> pd.DataFrame:
+    """One row per (stage, metric) of a stage with a scored request: mean of the repeat
+    means, their std (ddof 1; 0 for one repeat), min and max, the repeats, the queries
+    scored and the tier of the mean."""
+    rows = []
+    for stage in stage_order:  # stages x metrics: a few dozen rows at most
         br = by_repeat[by_repeat["stage"] == stage]
         if br.empty:
             continue
-        nq = n_queries_of_stage.get(stage, 0)
-        for m in metric_cols:
+        for m in names:
             v = br[m].to_numpy()
             mean = float(v.mean())
-            summary_rows.append({
+            rows.append({
                 "stage": stage, "metric": m, "mean": mean,
                 "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
                 "min": float(v.min()), "max": float(v.max()),
-                "n_repeats": len(v), "n_queries": int(nq),
+                "n_repeats": len(v), "n_queries": int(n_queries.get(stage, 0)),
                 "tier": tier(m, mean, domain_adjustment),
             })
-    summary = pd.DataFrame(summary_rows, columns=["stage", "metric", "mean", "std", "min", "max", "n_repeats",
-                                                  "n_queries", "tier"])
+    return pd.DataFrame(rows, columns=["stage", "metric", "mean", "std", "min", "max", "n_repeats", "n_queries",
+                                       "tier"])
 
+
+def _counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: _Selection, lists: _Lists, n_expanded: int,
+            stage_order: list[str], repeats: np.ndarray) -> Counts:
+    """The :class:`Counts` of the test set and of the requests table."""
     status_counts = requests["status"].value_counts()
     failed_kinds = {k: int(v) for k, v in status_counts.items() if k not in ("ok", "missing")}
-    counts = {
-        "n_queries": int(len(ts_q)),
-        "n_valid": int(ts_q["valid"].sum()),
-        "n_invalid": int((~ts_q["valid"]).sum()),
-        "invalid_ids": ts_q.loc[~ts_q["valid"], "query_id"].tolist(),
-        "n_requests": int(len(requests)),
-        "n_scored": int(requests["scored"].sum()),
-        "n_failed": int(sum(failed_kinds.values())),
-        "failed_by_kind": failed_kinds,
-        "n_missing": int((requests["status"] == "missing").sum()),
-        "n_unknown_query": int((~r_known).sum()),
-        "n_duplicates_removed": int(n_dups_req.sum()),
-        "n_sub_chunks_expanded": int(n_expanded),
-        "stages": list(stage_order),
-        "repeats": [int(x) for x in rep_uni],
-    }
-    counts["complete"] = counts["n_failed"] == 0 and counts["n_missing"] == 0 and counts["n_unknown_query"] == 0
+    return Counts(
+        n_queries=int(len(ts_q)),
+        n_valid=int(ts_q["valid"].sum()),
+        n_invalid=int((~ts_q["valid"]).sum()),
+        invalid_ids=ts_q.loc[~ts_q["valid"], "query_id"].tolist(),
+        n_requests=int(len(requests)),
+        n_scored=int(requests["scored"].sum()),
+        n_failed=int(sum(failed_kinds.values())),
+        failed_by_kind=failed_kinds,
+        n_missing=int((requests["status"] == "missing").sum()),
+        n_unknown_query=int((~sel.known).sum()),
+        n_duplicates_removed=int(lists.n_duplicates.sum()),
+        n_sub_chunks_expanded=int(n_expanded),
+        stages=list(stage_order),
+        repeats=[int(x) for x in repeats],
+    )
 
+
+def _warnings(counts: Counts, domain_adjustment: float) -> list[str]:
+    """The plain-words warnings every report shows (each also logged at INFO): too few valid
+    queries, invalid queries, an incomplete run, duplicates removed, lowered thresholds."""
     warnings = []
-    significance = significance_warning(counts["n_valid"])
+    significance = significance_warning(counts.n_valid)
     if significance:
         warnings.append(significance)
-    if counts["n_invalid"]:
-        warnings.append(f"{counts['n_invalid']} invalid queries (no chunk of grade >= 1) are excluded from every "
-                        "mean.")
-    if not counts["complete"]:
-        warnings.append(f"The run is incomplete: {counts['n_failed']} failed, {counts['n_missing']} missing and "
-                        f"{counts['n_unknown_query']} unknown-query requests are excluded from the means.")
-    if counts["n_duplicates_removed"]:
-        warnings.append(f"{counts['n_duplicates_removed']} duplicate chunk ids were removed (first position kept).")
+    if counts.n_invalid:
+        warnings.append(f"{counts.n_invalid} invalid queries (no chunk of grade >= 1) are excluded from every mean.")
+    if not counts.complete:
+        warnings.append(f"The run is incomplete: {counts.n_failed} failed, {counts.n_missing} missing and "
+                        f"{counts.n_unknown_query} unknown-query requests are excluded from the means.")
+    if counts.n_duplicates_removed:
+        warnings.append(f"{counts.n_duplicates_removed} duplicate chunk ids were removed (first position kept).")
     if domain_adjustment:
         warnings.append(f"Acceptance thresholds lowered by {domain_adjustment:.0%} for a specialised domain.")
     for w in warnings:
         log.info(w)
-    return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
-                  summary=summary, counts=counts, testset=testset, warnings=warnings,
-                  domain_adjustment=domain_adjustment)
+    return warnings

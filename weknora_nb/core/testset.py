@@ -1,6 +1,6 @@
 """Test sets: load, validate, hash and export labelled queries.
 
-A test set is a list of records (METHOD.md section 1)::
+A test set is a list of records (docs/method.md section 1)::
 
     {"query_id": "q001", "query": "...", "relevant": {"chunk-id": 3, "other-id": 1},
      "query_type": "procedural", "tags": ["long-tail"], "answer": "..."}
@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from weknora_nb.core.errors import Problem, TestSetError
+from weknora_nb.core.errors import Problem, TestSetError, UsageError
 from weknora_nb.core.pipeline import MIN_VALID_QUERIES
 
 __all__ = ["TestSet", "load_testset", "load_trec_qrels"]
@@ -139,13 +139,15 @@ class TestSet:
         """Write TREC qrels (``qid 0 chunk_id grade``), and optionally a topics TSV.
 
         Query and chunk ids must not contain whitespace (TREC files are
-        whitespace-separated); a ValueError names the offending id otherwise.
+        whitespace-separated); a :class:`UsageError` names the offending id otherwise.
         """
         rows = []
         for q, c, g in self.qrels[["query_id", "chunk_id", "grade"]].itertuples(index=False):
-            for ident in (q, c):
+            for kind, ident in (("query id", q), ("chunk id", c)):
                 if any(ch.isspace() for ch in ident):
-                    raise ValueError(f"id {ident!r} contains whitespace and cannot be written as TREC qrels")
+                    raise UsageError(f"{kind} {ident!r} contains whitespace and cannot be written as TREC qrels "
+                                     "(its fields are whitespace-separated); rename it first", argument=kind,
+                                     allowed="an id without whitespace", got=ident)
             rows.append(f"{q} 0 {c} {int(g)}")
         Path(path).write_text("\n".join(rows) + ("\n" if rows else ""), encoding="utf-8")
         if topics_path is not None:
@@ -212,8 +214,8 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
             continue
         parts = line.split()
         if len(parts) != 4:
-            problems.append(Problem(str(qp), lineno, None,
-                                    f"expected 4 whitespace-separated fields 'qid iter chunk_id grade', got {len(parts)}"))
+            problems.append(Problem(str(qp), lineno, None, "expected 4 whitespace-separated fields "
+                                    f"'qid iter chunk_id grade', got {len(parts)}"))
             continue
         qid, _, cid, grade = parts
         if qid not in relevant:
@@ -239,11 +241,10 @@ def _text_lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        problems.append(Problem(str(path), line, None, f"not valid UTF-8 (byte offset {exc.start})"))
+        bad_line = raw[: exc.start].count(b"\n") + 1
+        problems.append(Problem(str(path), bad_line, None, f"not valid UTF-8 (byte offset {exc.start})"))
         return
-    for i, line in enumerate(text.splitlines(), start=1):
-        yield i, line
+    yield from enumerate(text.splitlines(), start=1)
 
 
 def _load_jsonl(path: Path) -> TestSet:
@@ -404,7 +405,8 @@ def _load_weknora_folder(folder: Path) -> TestSet:
     order: list[tuple[int, dict[str, Any]]] = []
     for i, (qid, text) in enumerate(queries[["id", "text"]].itertuples(index=False), start=1):
         qid = _py(qid)
-        rec = {"query_id": "" if qid is None else str(qid), "query": _py(text) or "", "relevant": {}}
+        rec: dict[str, Any] = {"query_id": "" if qid is None else str(qid), "query": _py(text) or "",
+                               "relevant": {}}
         if rec["query_id"] in records:
             problems.append(Problem(qpath, i, "id", f"duplicate query id {rec['query_id']!r}", "row"))
             continue
@@ -491,7 +493,7 @@ def _validate(obj: Any, path: str, line: int, where: str, problems: list[Problem
     if len(problems) > n_before:
         return None
     return {
-        "query_id": qid, "query": text.strip(), "relevant": clean_rel,
+        "query_id": qid, "query": str(text).strip(), "relevant": clean_rel,
         "query_type": qtype.strip() if isinstance(qtype, str) else None,
         "tags": [t.strip() for t in tags], "answer": answer,
     }
@@ -518,9 +520,9 @@ def _build(rows: Iterable[tuple[int, Any]], path: str, *, where: str,
         if rec is None:
             continue
         if rec["query_id"] in seen:
+            first = seen[rec["query_id"]]
             problems.append(Problem(path, line, "query_id",
-                                    f"duplicate query id {rec['query_id']!r} (first at {where} {seen[rec['query_id']]})",
-                                    where))
+                                    f"duplicate query id {rec['query_id']!r} (first at {where} {first})", where))
             continue
         seen[rec["query_id"]] = line
         records.append(rec)

@@ -1,4 +1,4 @@
-"""Acceptance tiers (METHOD.md section 4).
+"""Acceptance tiers (docs/method.md section 4).
 
 A figure is ``excellent``, ``good``, ``pass`` or ``fail`` by the thresholds below. For a
 specialised, deep-domain knowledge base every threshold may be lowered by a stated
@@ -8,7 +8,11 @@ Metrics without thresholds have no tier (``None``).
 
 from __future__ import annotations
 
-__all__ = ["THRESHOLDS", "TIERS", "tier", "thresholds"]
+import math
+
+from weknora_nb.core.errors import UsageError
+
+__all__ = ["THRESHOLDS", "TIERS", "tier", "thresholds", "check_domain_adjustment"]
 
 #: tier names, best first
 TIERS = ("excellent", "good", "pass", "fail")
@@ -26,27 +30,32 @@ THRESHOLDS: dict[str, tuple[float, float, float]] = {
 _EPS = 1e-12  # a figure equal to a bound reaches it despite float rounding
 
 
-def _check_adjustment(domain_adjustment: float) -> None:
+def check_domain_adjustment(domain_adjustment: float) -> None:
+    """Raise UsageError unless ``domain_adjustment`` is 0 or in [0.05, 0.10] (within 1e-12)."""
     if not (domain_adjustment == 0 or 0.05 - _EPS <= domain_adjustment <= 0.10 + _EPS):
-        raise ValueError("domain_adjustment must be 0 or between 0.05 and 0.10 (5-10 %). "
-                         f"Got {domain_adjustment!r} instead.")
+        raise UsageError(argument="domain_adjustment", allowed="0 or between 0.05 and 0.10",
+                         got=domain_adjustment)
 
 
 def thresholds(metric: str, domain_adjustment: float = 0.0) -> tuple[float, float, float] | None:
-    """(excellent, good, pass) bounds of ``metric`` after the domain adjustment, or None."""
-    _check_adjustment(domain_adjustment)
+    """(excellent, good, pass) bounds of ``metric``, each x (1 - ``domain_adjustment``), or
+    None for a metric without thresholds."""
+    check_domain_adjustment(domain_adjustment)
     bounds = THRESHOLDS.get(metric)
     if bounds is None:
         return None
-    return tuple(b * (1.0 - domain_adjustment) for b in bounds)  # type: ignore[return-value]
+    excellent, good, pass_ = (b * (1.0 - domain_adjustment) for b in bounds)
+    return excellent, good, pass_
 
 
-def tier(metric: str, value: float, domain_adjustment: float = 0.0) -> str | None:
-    """The tier of ``value`` for ``metric`` (canonical name such as ``"ndcg@5"``), or None."""
+def tier(metric: str, value: float | None, domain_adjustment: float = 0.0) -> str | None:
+    """The tier of ``value`` for ``metric`` (canonical name such as ``"ndcg@5"``): the best
+    tier whose bound ``value`` reaches (within 1e-12), ``"fail"`` below pass; None for a
+    metric without thresholds or a missing value (None, NaN)."""
     bounds = thresholds(metric, domain_adjustment)
-    if bounds is None or value is None or value != value:  # NaN has no tier
+    if bounds is None or value is None or math.isnan(value):
         return None
-    for name, bound in zip(TIERS, bounds):
+    for name, bound in zip(TIERS, bounds, strict=False):  # TIERS has one more name: "fail"
         if value >= bound - _EPS:
             return name
     return "fail"

@@ -10,14 +10,17 @@ from __future__ import annotations
 import glob
 import logging
 import warnings
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import font_manager
 
+from weknora_nb.core.pipeline import stage_order
 from weknora_nb.reports.tables import TIER_COLOURS
 
 __all__ = ["use_cjk_font", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
@@ -75,7 +78,7 @@ def metric_bars(table: pd.DataFrame, *, title: str = "Metrics by stage (95 % CI)
         t = table[table["stage"] == st].set_index("metric").reindex(metrics)
         err = np.vstack([t["mean"] - t["ci_low"], t["ci_high"] - t["mean"]])
         bars = ax.bar(x + i * width - 0.4 + width / 2, t["mean"], width, yerr=err, capsize=2, label=st)
-        for b, tier in zip(bars, t.get("tier", [None] * len(t))):
+        for b, tier in zip(bars, t.get("tier", [None] * len(t)), strict=True):
             if isinstance(tier, str):
                 b.set_edgecolor(TIER_COLOURS[tier])
                 b.set_linewidth(2)
@@ -87,12 +90,16 @@ def metric_bars(table: pd.DataFrame, *, title: str = "Metrics by stage (95 % CI)
     return _done(fig)
 
 
-def recall_funnel(table: pd.DataFrame, metric: str = "recall@10", order=("vector", "keyword", "hybrid", "final",
-                                                                           "citations")):
-    """Recall at each pipeline stage, in pipeline order: where recall is lost."""
+def recall_funnel(table: pd.DataFrame, metric: str = "recall@10",
+                  definitions: Mapping[str, Mapping[str, Any] | None] | None = None):
+    """Recall at each pipeline stage, in pipeline order: where recall is lost.
+
+    The order is :func:`weknora_nb.core.pipeline.stage_order`: by pipeline role (a custom
+    stage's from its ``definitions``, the manifest's ``stages``), other stages last.
+    """
     fig, ax = _fig(7, 3.5)
     t = table[table["metric"] == metric].set_index("stage")
-    stages = [s for s in order if s in t.index] + [s for s in t.index if s not in order]
+    stages = stage_order(t.index, definitions)
     vals = t.loc[stages, "mean"].to_numpy()
     ax.barh(stages[::-1], vals[::-1], color="#4575b4",
             xerr=np.vstack([(t.loc[stages, "mean"] - t.loc[stages, "ci_low"]).to_numpy()[::-1],
@@ -109,7 +116,7 @@ def distributions(per_query: pd.DataFrame, metrics=("ndcg@10", "recall@10"), bin
     use_cjk_font()
     metrics = [m for m in metrics if m in per_query.columns]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), layout="constrained", squeeze=False)
-    for ax, m in zip(axes[0], metrics):
+    for ax, m in zip(axes[0], metrics, strict=True):
         for st, g in per_query.groupby("stage", sort=False):
             ax.hist(g[m], bins=bins, range=(0, 1), alpha=0.5, label=str(st))
         ax.set_title(f"per-query {m}")

@@ -6,6 +6,12 @@ writes an ``index.html`` that links them with the headline figures. A notebook t
 leaves its partial notebook and HTML (papermill marks the failing cell at the top) and
 raises :class:`ReportError` naming the notebook and the cell.
 
+Each notebook gets only the parameters its ``parameters`` cell declares (run_dir,
+baseline_dirs, interactive=False and the ``parameters`` given; the others are dropped).
+Cells tagged ``baseline`` need a baseline to compare with and run only when baselines are
+given; cells tagged ``no-baseline`` (what a reader sees instead) only when none is: so
+05_compare rendered without a baseline says so once and shows the history.
+
 Reports carry no secret (notebooks never take an API key as a parameter) and escape every
 text that comes from the knowledge base.
 """
@@ -13,7 +19,6 @@ text that comes from the knowledge base.
 from __future__ import annotations
 
 import html
-import json
 import logging
 import re
 import time
@@ -23,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import ReportError
-from weknora_nb.core.pipeline import focus_stage
+from weknora_nb.core.pipeline import HEADLINE_METRIC
+from weknora_nb.core.run import load_run, read_manifest
 
 __all__ = ["NOTEBOOKS", "ReportError", "Report", "render_report", "write_index", "notebooks_dir"]
 
@@ -43,15 +49,31 @@ class Report:
     headline: dict[str, Any] = field(default_factory=dict)
 
 
-def _kernel_manager_class():
-    """Kernels talk to papermill over local IPC sockets: nothing listens on TCP, and ipykernel
-    does not warn about an unencrypted TCP transport on every notebook."""
+def _kernel_manager_class() -> type:
+    """The kernel manager papermill starts kernels with.
+
+    Kernels talk to papermill over local IPC sockets: nothing listens on TCP, and ipykernel
+    does not warn about an unencrypted TCP transport on every notebook.
+
+    Shutting a kernel down does not interrupt it first. jupyter_client sends SIGINT before
+    every shutdown request (to stop code that still runs); papermill shuts the kernel down
+    right after its last reply (``kernel_info``) arrives, while the kernel may still be in
+    that message's handler, where the SIGINT becomes a KeyboardInterrupt that ipykernel logs
+    as ``[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel.`` after a successful
+    run. The shutdown request (and the kill after its grace period) still stops a kernel
+    that is busy; the kernel's own log is left as it is, so a real error still shows.
+    """
     from jupyter_client.manager import AsyncKernelManager
 
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw: Any):
             kw.setdefault("transport", "ipc")
             super().__init__(**kw)
+
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:  # set by _async_shutdown_kernel before it interrupts
+                return
+            await super()._async_interrupt_kernel()
     return IPCKernelManager
 
 
@@ -119,7 +141,7 @@ def _embed_font(pages: list[Path]) -> None:
     css = cjk_font_css("".join(texts))
     if not css:
         return
-    for p, t in zip(pages, texts):
+    for p, t in zip(pages, texts, strict=True):
         p.write_text(t.replace("</head>", css + "</head>", 1), encoding="utf-8")
 
 
@@ -134,28 +156,48 @@ def _failed_cell(nb_path: Path) -> tuple[int | None, str]:
     return None, ""
 
 
+def _notebook_for(src: Path, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The notebook ``src`` as it will run, and the parameters it declares (the others dropped).
+
+    Cells tagged ``baseline`` are left out when ``params`` has no ``baseline_dirs``, cells
+    tagged ``no-baseline`` when it has.
+    """
+    import nbformat
+    import papermill as pm
+
+    declared = pm.inspect_notebook(str(src))
+    nb = nbformat.read(src, as_version=4)
+    drop = "no-baseline" if params.get("baseline_dirs") else "baseline"
+    nb.cells = [c for c in nb.cells if drop not in c.get("metadata", {}).get("tags", [])]
+    return nb, {k: v for k, v in params.items() if k in declared}
+
+
 def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,
                   no_input: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
                   parameters: dict[str, Any] | None = None) -> Report:
-    """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports."""
+    """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports.
+
+    ``parameters`` (e.g. ``stage``, ``metrics``, ``domain_adjustment``) go to the notebooks
+    that declare them and to the index's headline figures.
+    """
     import papermill as pm
 
     run_dir = Path(run_dir).resolve()
-    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
-    name = str(manifest.get("run_name") or run_dir.name)
+    bases = [Path(b).resolve() for b in baselines]
+    name = str(read_manifest(run_dir).get("run_name") or run_dir.name)
     out_root = Path(out_root or run_dir.parent.parent / "reports").resolve()
     folder = out_root / name
     folder.mkdir(parents=True, exist_ok=True)
-    params = {"run_dir": str(run_dir), "baseline_dirs": [str(Path(b).resolve()) for b in baselines],
-              "interactive": False, **(parameters or {})}
+    params = {"run_dir": str(run_dir), "baseline_dirs": [str(b) for b in bases], "interactive": False,
+              **(parameters or {})}
     report = Report(name, folder, folder / "index.html")
     for nb in notebooks:
-        src = notebooks_dir() / f"{nb}.ipynb"
         dst = folder / f"{nb}.ipynb"
         page = folder / f"{nb}.html"
+        source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
         t0 = time.perf_counter()
         try:
-            pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel, progress_bar=False,
+            pm.execute_notebook(source, str(dst), parameters=declared, kernel_name=kernel, progress_bar=False,
                                 log_output=False, cwd=str(run_dir.parent),
                                 kernel_manager_class=_kernel_manager_class())
         except pm.PapermillExecutionError as exc:
@@ -166,29 +208,35 @@ def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, 
         report.pages[nb] = page
         report.seconds[nb] = time.perf_counter() - t0
         log.info("rendered %s (%.1f s)", page, report.seconds[nb])
-    report.headline = headline(run_dir, list(baselines))
+    report.headline = headline(run_dir, bases, stage=params.get("stage"), metrics=params.get("metrics"),
+                               domain_adjustment=params.get("domain_adjustment") or 0.0)
     write_index(report)
     _embed_font([*report.pages.values(), report.index])
     return report
 
 
-def headline(run_dir: Path, baselines: list[str | Path]) -> dict[str, Any]:
-    """The figures an index page shows: final-stage means and tiers, counts, and deltas to a baseline."""
-    from weknora_nb.analysis.compare import compare_runs
-    from weknora_nb.core.run import load_run
+def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
+             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0) -> dict[str, Any]:
+    """The figures an index page shows: the focus stage's means and tiers, counts, warnings, and the
+    headline metric's delta to the first baseline (95 % CI, p after Holm).
 
-    run = load_run(run_dir)
-    stage = focus_stage(run.stages) or run.stages[0]
+    The focus stage is :meth:`Run.focus_stage` of ``stage``; the tiers follow ``domain_adjustment``.
+    """
+    from weknora_nb.analysis.compare import compare_runs
+
+    run = load_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment)
+    stage = run.focus_stage(stage)
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
-                           "counts": run.scores.counts, "warnings": run.scores.warnings}
+                           "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
+                           "baselines": len(baselines)}
     if baselines:
-        cmp = compare_runs([*baselines, run_dir], stage=stage, resamples=2000)
+        cmp = compare_runs([*baselines, run_dir], stage=stage, metrics=metrics, resamples=2000)
         row = cmp.metrics[cmp.metrics["run"] == run.name].set_index("metric")
-        if "ndcg@5" in row.index:
-            r = row.loc["ndcg@5"]
-            out["vs"] = {"baseline": r["baseline"], "delta": r["delta"], "ci": (r["ci_low"], r["ci_high"]),
-                         "p_holm": r["p_holm"]}
+        if HEADLINE_METRIC in row.index:
+            r = row.loc[HEADLINE_METRIC]
+            out["vs"] = {"metric": HEADLINE_METRIC, "baseline": r["baseline"], "delta": r["delta"],
+                         "ci": (r["ci_low"], r["ci_high"]), "p_holm": r["p_holm"]}
     return out
 
 
@@ -198,7 +246,13 @@ td,th{padding:2px 8px;text-align:left}.excellent{background:#1a9850}.good{backgr
 
 
 def _tier(t: Any) -> str:
+    """A tier name, or "" for a metric without tiers."""
     return t if isinstance(t, str) else ""
+
+
+def _label(metric: str) -> str:
+    """How a metric name reads in a sentence: ``ndcg@5`` as ``NDCG@5``."""
+    return metric.upper()
 
 
 def write_index(report: Report) -> Path:
@@ -213,8 +267,10 @@ def write_index(report: Report) -> Path:
     vs = ""
     if "vs" in h:
         v = h["vs"]
-        vs = (f"<p>NDCG@5 vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI [{v['ci'][0]:+.3f}, "
-              f"{v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+        vs = (f"<p>{e(_label(v['metric']))} vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI "
+              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+    elif not h.get("baselines") and "05_compare" in report.pages:
+        vs = "<p>No baseline given: 05_compare shows the history of the runs, no comparison.</p>"
     warns = "".join(f'<p class="warn">{e(w)}</p>' for w in h.get("warnings", []))
     links = "".join(f'<li><a href="{e(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
@@ -231,11 +287,12 @@ def write_overview(reports: list[Report], path: Path) -> Path:
     items = []
     for r in reports:
         m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
-        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", "ndcg@5", "hit@5"))
+        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", HEADLINE_METRIC, "hit@5"))
         vs = ""
         if "vs" in r.headline:
             v = r.headline["vs"]
-            vs = f"; NDCG@5 vs {v['baseline']}: {v['delta']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+            vs = (f"; {_label(v['metric'])} vs {v['baseline']}: {v['delta']:+.3f} "
+                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
         rel = r.index.relative_to(path.parent)
         items.append(f'<li><a href="{e(str(rel))}">{e(r.run)}</a>: {e(figs + vs)}</li>')
     path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"

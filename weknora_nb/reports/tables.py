@@ -7,13 +7,17 @@ reaches a report (``escape="html"`` in stylers, ``escape=True`` in ``to_html``).
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from weknora_nb.analysis.stats import bootstrap_ci
 from weknora_nb.core.scoring import Scores
+from weknora_nb.core.tiers import tier
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 __all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table"]
 
@@ -22,24 +26,41 @@ TIER_COLOURS = {"excellent": "#1a9850", "good": "#91cf60", "pass": "#fee08b", "f
 
 
 def metric_table(scores: Scores, *, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per (stage, metric): mean, 95 % bootstrap CI over queries, spread across repeats, tier, n."""
+    """Per (stage, metric): mean, 95 % bootstrap CI over queries, spread across repeats, tier, n.
+
+    The tiers are the scores' (after their ``domain_adjustment``, which the table carries in
+    ``attrs["domain_adjustment"]`` for :func:`style_tiers`'s caption).
+    """
     pq = scores.per_query_mean()
     rows = []
     summ = scores.summary.set_index(["stage", "metric"])
     for stage in scores.stages:
         vals = pq.loc[pq["stage"] == stage, scores.metric_names].to_numpy()
-        lo, hi = bootstrap_ci(vals, resamples=resamples, seed=seed)
+        lo, hi = (np.atleast_1d(x) for x in bootstrap_ci(vals, resamples=resamples, seed=seed))
         for j, m in enumerate(scores.metric_names):
             s = summ.loc[(stage, m)]
             rows.append({"stage": stage, "metric": m, "mean": s["mean"], "ci_low": lo[j], "ci_high": hi[j],
                          "repeat_std": s["std"], "n_queries": int(s["n_queries"]), "tier": s["tier"]})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["domain_adjustment"] = scores.domain_adjustment
+    return table
 
 
-def style_tiers(table: pd.DataFrame, *, domain_adjustment: float = 0.0):
-    """Stages x metrics, ``mean [low, high]`` in each cell, coloured by tier (a legend row below)."""
+def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) -> Styler:
+    """Stages x metrics, ``mean [low, high]`` in each cell, coloured by tier (a legend in the caption).
+
+    The colours are the table's ``tier`` column (:func:`metric_table`: the scores' tiers, after
+    their domain adjustment). Given a ``domain_adjustment``, each cell's tier is recomputed
+    from its mean with it instead (:func:`weknora_nb.core.tiers.tier`), so that the colours
+    and the caption never disagree.
+    """
+    if domain_adjustment is None:
+        domain_adjustment = float(table.attrs.get("domain_adjustment", 0.0))
+    else:
+        table = table.assign(tier=[tier(m, v, domain_adjustment) for m, v in
+                                   zip(table["metric"], table["mean"], strict=True)])
     cells = table.assign(text=[f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
-                               zip(table["mean"], table["ci_low"], table["ci_high"])])
+                               zip(table["mean"], table["ci_low"], table["ci_high"], strict=True)])
     text = cells.pivot(index="stage", columns="metric", values="text")
     tiers = cells.pivot(index="stage", columns="metric", values="tier")
     order_s = list(dict.fromkeys(table["stage"]))
@@ -63,13 +84,13 @@ def html_table(df: pd.DataFrame, **kw: Any) -> str:
 def counts_table(scores: Scores) -> pd.DataFrame:
     """Counts that every report carries: queries, invalid, failed, missing, duplicates."""
     c = scores.counts
-    rows = [("queries in the test set", c["n_queries"]), ("valid queries", c["n_valid"]),
-            ("invalid queries (excluded)", c["n_invalid"]), ("requests scored", c["n_scored"]),
-            ("requests failed (excluded)", c["n_failed"]), ("requests missing (excluded)", c["n_missing"]),
-            ("unknown query ids (excluded)", c["n_unknown_query"]),
-            ("duplicate chunk ids removed", c["n_duplicates_removed"]),
-            ("merged neighbour chunks unfolded", c.get("n_sub_chunks_expanded", 0)),
-            ("repeats", ", ".join(map(str, c["repeats"])))]
+    rows = [("queries in the test set", c.n_queries), ("valid queries", c.n_valid),
+            ("invalid queries (excluded)", c.n_invalid), ("requests scored", c.n_scored),
+            ("requests failed (excluded)", c.n_failed), ("requests missing (excluded)", c.n_missing),
+            ("unknown query ids (excluded)", c.n_unknown_query),
+            ("duplicate chunk ids removed", c.n_duplicates_removed),
+            ("merged neighbour chunks unfolded", c.n_sub_chunks_expanded),
+            ("repeats", ", ".join(map(str, c.repeats)))]
     return pd.DataFrame(rows, columns=["what", "count"])
 
 

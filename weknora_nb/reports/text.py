@@ -2,44 +2,55 @@
 
 from __future__ import annotations
 
-from weknora_nb.core.scoring import Scores
+import pandas as pd
+
+from weknora_nb.core.scoring import Counts, Scores
 
 __all__ = ["format_scores"]
 
+#: invalid query ids listed before "(+N more)"
+MAX_IDS_SHOWN = 20
+
+
 def format_scores(scores: Scores) -> str:
-    """A table: one row per stage, one column per metric, ``mean ±std tier`` in each cell,
-    then the counts and warnings."""
+    """A table: one row per stage, one column per metric, ``mean ±std tier`` in each cell
+    (the spread only with several repeats), then the counts, the test-set hash and the
+    warnings."""
     names = scores.metric_names
-    header = ["stage"] + names
-    rows = []
+    header = ["stage", *names]
     s = scores.summary.set_index(["stage", "metric"])
-    for stage in scores.stages:
-        cells = [stage]
-        for m in names:
-            r = s.loc[(stage, m)]
-            cell = f"{r['mean']:.4f}"
-            if r["n_repeats"] > 1:
-                cell += f" ±{r['std']:.4f}"
-            if isinstance(r["tier"], str):
-                cell += f" {r['tier']}"
-            cells.append(cell)
-        rows.append(cells)
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    rows = [[stage, *(_cell(s.loc[(stage, m)]) for m in names)] for stage in scores.stages]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True))
+
     out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
-    c = scores.counts
-    out.append("")
-    out.append(f"queries: {c['n_queries']}  valid: {c['n_valid']}  invalid: {c['n_invalid']}  "
-               f"scored requests: {c['n_scored']}  failed: {c['n_failed']}  missing: {c['n_missing']}  "
-               f"unknown: {c['n_unknown_query']}  duplicates removed: {c['n_duplicates_removed']}  "
-               f"repeats: {c['repeats']}")
-    if c["failed_by_kind"]:
-        out.append("failed by kind: " + ", ".join(f"{k}={v}" for k, v in c["failed_by_kind"].items()))
-    if c["invalid_ids"]:
-        shown = c["invalid_ids"][:20]
-        more = f" (+{len(c['invalid_ids']) - 20} more)" if len(c["invalid_ids"]) > 20 else ""
-        out.append("invalid queries: " + ", ".join(shown) + more)
-    out.append(f"test set: {scores.testset_hash}")
-    for w in scores.warnings:
-        out.append(f"WARNING: {w}")
+    out += ["", *_count_lines(scores.counts), f"test set: {scores.testset_hash}"]
+    out += [f"WARNING: {w}" for w in scores.warnings]
     return "\n".join(out)
+
+
+def _cell(r: pd.Series) -> str:
+    """``mean`` to 4 places, `` ±std`` when there are several repeats, then the tier if any."""
+    cell = f"{r['mean']:.4f}"
+    if r["n_repeats"] > 1:
+        cell += f" ±{r['std']:.4f}"
+    if isinstance(r["tier"], str):
+        cell += f" {r['tier']}"
+    return cell
+
+
+def _count_lines(c: Counts) -> list[str]:
+    """The counts line, then failures by kind and the invalid query ids when there are any."""
+    out = [f"queries: {c.n_queries}  valid: {c.n_valid}  invalid: {c.n_invalid}  "
+           f"scored requests: {c.n_scored}  failed: {c.n_failed}  missing: {c.n_missing}  "
+           f"unknown: {c.n_unknown_query}  duplicates removed: {c.n_duplicates_removed}  "
+           f"repeats: {c.repeats}"]
+    if c.failed_by_kind:
+        out.append("failed by kind: " + ", ".join(f"{k}={v}" for k, v in c.failed_by_kind.items()))
+    if c.invalid_ids:
+        shown = c.invalid_ids[:MAX_IDS_SHOWN]
+        more = f" (+{len(c.invalid_ids) - MAX_IDS_SHOWN} more)" if len(c.invalid_ids) > MAX_IDS_SHOWN else ""
+        out.append("invalid queries: " + ", ".join(shown) + more)
+    return out

@@ -93,7 +93,7 @@ def _blocks(lines: list[tuple[int, str]]) -> list[_Block]:
                     and not _LIST_ITEM.match(lines[j][1]):
                 j += 1
             kind = "paragraph"
-        text = "\n".join(l for _, l in lines[i:j]).strip("\n")
+        text = "\n".join(raw for _, raw in lines[i:j]).strip("\n")
         end = lines[j - 1][0] + len(lines[j - 1][1])
         blocks.append(_Block(kind, text, off, end))
         i = j

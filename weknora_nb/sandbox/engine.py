@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from weknora_nb.core.errors import ConfigError, Problem, SandboxError
 from weknora_nb.core.files import atomic_path
 from weknora_nb.sandbox.chunking import Chunk
 from weknora_nb.sandbox.tokenize import tokenize
@@ -44,8 +45,8 @@ __all__ = ["ModelMissingError", "VersionConfig", "load_versions", "SandboxIndex"
 log = logging.getLogger(__name__)
 
 
-class ModelMissingError(RuntimeError):
-    """An embedding model package is not installed (or its weights cannot be loaded)."""
+class ModelMissingError(SandboxError):
+    """An embedding model package is not installed (or its weights cannot be loaded), or the model is unknown."""
 
 
 def default_cache_dir() -> Path:
@@ -99,19 +100,34 @@ class VersionConfig:
 
     @classmethod
     def from_dict(cls, name: str, data: dict[str, Any], where: str = "versions") -> VersionConfig:
-        """Build from the nested YAML form (sections vector, hnsw, keyword, merge, rerank, search)."""
+        """Build from the nested YAML form (sections vector, hnsw, keyword, merge, rerank, search).
+
+        Raises :class:`ConfigError` for ``where`` naming the version and each unknown section
+        or key (all of them at once).
+        """
         kwargs: dict[str, Any] = {"name": name, "description": str(data.get("description", ""))}
+        problems: list[Problem] = []
         for section, value in data.items():
             if section == "description":
                 continue
-            if section not in cls._SECTIONS or not isinstance(value, dict):
-                raise ValueError(f"{where}: version {name!r}: unknown section {section!r}; "
-                                 f"expected one of {sorted(cls._SECTIONS)}")
+            if section not in cls._SECTIONS:
+                problems.append(Problem(where, None, f"versions.{name}.{section}",
+                                        f"version {name!r}: unknown section {section!r}; "
+                                        f"expected one of {sorted(cls._SECTIONS)}"))
+                continue
+            if not isinstance(value, dict):
+                problems.append(Problem(where, None, f"versions.{name}.{section}",
+                                        f"version {name!r}: section {section!r} must be a mapping of key to value"))
+                continue
             for key, v in value.items():
                 if key not in cls._SECTIONS[section]:
-                    raise ValueError(f"{where}: version {name!r}: unknown key {section}.{key}; "
-                                     f"expected one of {sorted(cls._SECTIONS[section])}")
-                kwargs[cls._SECTIONS[section][key]] = v
+                    problems.append(Problem(where, None, f"versions.{name}.{section}.{key}",
+                                            f"version {name!r}: unknown key {section}.{key}; "
+                                            f"expected one of {sorted(cls._SECTIONS[section])}"))
+                else:
+                    kwargs[cls._SECTIONS[section][key]] = v
+        if problems:
+            raise ConfigError(where, problems)
         return cls(**kwargs)
 
     def to_nested(self) -> dict[str, Any]:
@@ -137,24 +153,43 @@ class VersionConfig:
 
 
 def load_versions(path: str | Path) -> dict[str, VersionConfig]:
-    """Read ``versions.yaml``: ``defaults`` (nested sections) and ``versions`` (name -> overrides)."""
+    """Read ``versions.yaml``: ``defaults`` (nested sections) and ``versions`` (name -> overrides).
+
+    Raises :class:`ConfigError` naming every problem at once: no versions defined, an
+    unknown section or key (with the version it is in).
+    """
     import yaml
 
     p = Path(path)
-    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(p, f"not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        data = {}
     defaults = data.get("defaults") or {}
     versions = data.get("versions") or {}
-    if not versions:
-        raise ValueError(f"{p}: no 'versions' defined")
+    if not versions or not isinstance(versions, dict):
+        raise ConfigError(p, "no 'versions' defined (a mapping of version name to its settings)")
     out: dict[str, VersionConfig] = {}
+    problems: list[Problem] = []
     for name, over in versions.items():
+        if over is not None and not isinstance(over, dict):
+            problems.append(Problem(str(p), None, f"versions.{name}",
+                                    f"version {name!r} must be a mapping of section to settings"))
+            continue
         merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in defaults.items()}
         for section, value in (over or {}).items():
             if isinstance(value, dict):
                 merged[section] = {**merged.get(section, {}), **value}
             else:
                 merged[section] = value
-        out[str(name)] = VersionConfig.from_dict(str(name), merged, where=str(p))
+        try:
+            out[str(name)] = VersionConfig.from_dict(str(name), merged, where=str(p))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(p, problems)
     return out
 
 
@@ -205,7 +240,7 @@ class Embedder:
                 idx = missing[s:s + batch]
                 with self._lock:
                     vecs = self._embed_passages([texts[i] for i in idx])
-                for i, v in zip(idx, vecs):
+                for i, v in zip(idx, vecs, strict=True):
                     cache[keys[i]] = v.astype(np.float32)
                 if progress:
                     progress(len(idx))
@@ -234,7 +269,7 @@ class Embedder:
             return {}
         try:
             with np.load(f) as z:
-                return dict(zip(z["keys"].tolist(), z["vecs"]))
+                return dict(zip(z["keys"].tolist(), z["vecs"], strict=True))
         except Exception as exc:  # a torn or foreign file: recompute rather than fail
             log.warning("ignoring unreadable embedding cache %s: %s", f, exc)
             return {}
@@ -413,7 +448,7 @@ class RetrievalEngine:
         with self.index._lock:  # hnswlib's ef is index state
             ix.set_ef(max(v.hnsw_ef_search, 1))
             labels, dist = ix.knn_query(qv, k=k, num_threads=1)
-        hits = [Hit(int(i), float(1.0 - d), 0) for i, d in zip(labels[0], dist[0])]
+        hits = [Hit(int(i), float(1.0 - d), 0) for i, d in zip(labels[0], dist[0], strict=True)]
         return [h for h in hits if threshold <= 0 or h.score >= threshold]  # a threshold of 0 is off
 
     def keyword(self, query: str, k: int, threshold: float) -> list[Hit]:
@@ -487,8 +522,8 @@ class RetrievalEngine:
             toks = tokenize(query)
             lex = self.index.bm25(v.bm25_k1, v.bm25_b).get_scores(toks)[ids] if toks else np.zeros(len(ids))
             sims = _z(sims) + v.rerank_bm25_weight * _z(np.asarray(lex, dtype=np.float64))
-        out = [replace(h, base_score=h.score, model_score=float(s), score=float(s)) for h, s in zip(hits, sims)]
-        out = [h for h in out if h.model_score >= v.rerank_threshold]
+        out = [replace(h, base_score=h.score, model_score=float(s), score=float(s))
+               for h, s in zip(hits, sims, strict=True) if float(s) >= v.rerank_threshold]
         return sorted(out, key=lambda h: (-h.score, h.idx))
 
     def _merge_adjacent(self, hits: list[Hit]) -> list[Hit]:

@@ -11,19 +11,26 @@ every server started from it; passage embeddings are cached on disk.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from weknora_nb.core.errors import SandboxError, UsageError
 from weknora_nb.sandbox.chunking import chunk_corpus
 from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
-from weknora_nb.sandbox.server import FaultConfig, check_loopback, create_app
+from weknora_nb.sandbox.server import FaultConfig, SandboxApp, check_loopback
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.applications import Starlette
 
 __all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DEFAULT_KB_ID"]
 
@@ -52,7 +59,10 @@ _INDEX_LOCK = threading.Lock()
 
 def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
                 show_progress: bool = False) -> SandboxIndex:
-    """Chunk ``<data_dir>/docs`` and return its index (one per folder and cache per process)."""
+    """Chunk ``<data_dir>/docs`` and return its index (one per folder and cache per process).
+
+    Raises :class:`SandboxError` when the folder has no ``docs`` folder.
+    """
     d = Path(data_dir or demo_dir()).resolve()
     c = Path(cache_dir or default_cache_dir()).resolve()
     key = (str(d), str(c))
@@ -60,33 +70,57 @@ def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | N
         if key not in _INDEXES:
             docs = d / "docs"
             if not docs.is_dir():
-                raise FileNotFoundError(f"no documents folder at {docs}")
+                raise SandboxError(f"the sandbox has no documents folder at {docs}")
             chunks = chunk_corpus(docs)
             log.info("sandbox: %d chunks from %s", len(chunks), docs)
-            bars: dict[str, Any] = {}
-
-            def progress(model: str, done: int, total: int) -> None:
-                if not show_progress:
-                    return
-                from tqdm.auto import tqdm
-
-                if model not in bars:
-                    if done >= total:  # everything came from the cache: no bar
-                        return
-                    bars[model] = tqdm(total=total, initial=done, desc=f"embedding chunks ({model})", unit="chunk")
-                bars[model].update(done - bars[model].n)
-                if done >= total:
-                    bars[model].close()
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
-                                         progress=progress)
+                                         progress=_progress_bars() if show_progress else None)
         return _INDEXES[key]
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def _progress_bars() -> Callable[[str, int, int], None]:
+    """A progress callback ``(model, done, total)`` drawing one tqdm bar per model being embedded."""
+    bars: dict[str, Any] = {}
+
+    def progress(model: str, done: int, total: int) -> None:
+        from tqdm.auto import tqdm
+
+        if model not in bars:
+            if done >= total:  # everything came from the cache: no bar
+                return
+            bars[model] = tqdm(total=total, initial=done, desc=f"embedding chunks ({model})", unit="chunk")
+        bars[model].update(done - bars[model].n)
+        if done >= total:
+            bars[model].close()
+    return progress
+
+
+def check_port(port: Any) -> None:
+    """Refuse a port that is not an integer from 0 to 65535 (:class:`UsageError`; 0 picks a free port)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise UsageError(argument="port", allowed="an integer from 0 to 65535 (0 picks a free port)", got=port)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)``, the first address of ``host`` (port 0: a free port).
+
+    Raises :class:`SandboxError` when the port cannot be had (in use, or not allowed):
+    never a different port than the one asked for.
+    """
+    sock: socket.socket | None = None
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        # as uvicorn does: a port left in TIME_WAIT can be had again, one with a listener cannot
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        if sock is not None:
+            sock.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise SandboxError(f"the sandbox cannot serve on {host} port {port}: {reason}") from exc
+    return sock
 
 
 class SandboxServer:
@@ -96,13 +130,17 @@ class SandboxServer:
     ----------
     version : str or VersionConfig, default "baseline"
         A name from ``versions.yaml`` or a config.
-    host, port : loopback host; port 0 picks a free port.
+    host, port : loopback host; port 0 picks a free port (an integer from 0 to 65535).
     api_key : str, optional
         Defaults to ``$WEKNORA_API_KEY``, else a random ``sk-sandbox-...`` key.
     faults : FaultConfig or dict, optional
         Faults to inject from the start (off by default).
     allow_fault_control : bool
         Expose ``/_sandbox/faults`` so tests can change faults over HTTP.
+
+    Raises :class:`UsageError` for a host that is not loopback, a port out of range, an
+    unknown version or bad faults; :meth:`start` raises :class:`SandboxError` when the
+    server cannot serve (the port is in use, the server did not start).
     """
 
     def __init__(self, version: str | VersionConfig = "baseline", *, host: str = "127.0.0.1", port: int = 0,
@@ -111,25 +149,30 @@ class SandboxServer:
                  faults: FaultConfig | dict | None = None, allow_fault_control: bool = False,
                  show_progress: bool = False):
         check_loopback(host)
+        check_port(port)
         self.host = host
         self.port = port
         self.kb_id = kb_id
         self.api_key = api_key or os.environ.get("WEKNORA_API_KEY") or f"sk-sandbox-{secrets.token_hex(12)}"
         self.data_dir = data_dir
         self.cache_dir = cache_dir
-        if isinstance(version, VersionConfig):
-            self.version = version
-        else:
-            defined = load_demo_versions(data_dir)
-            if version not in defined:
-                raise KeyError(f"unknown sandbox version {version!r}; defined: {sorted(defined)}")
-            self.version = defined[version]
+        self.version = version if isinstance(version, VersionConfig) else self._defined_version(version)
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.allow_fault_control = allow_fault_control
         self.show_progress = show_progress
-        self._server = None
+        self.sandbox: SandboxApp | None = None
+        self.app: Starlette | None = None
+        self._server: uvicorn.Server | None = None
+        self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self.app = None
+        self._failure: BaseException | None = None
+
+    def _defined_version(self, name: str) -> VersionConfig:
+        """The version ``name`` of the data folder's ``versions.yaml`` (:class:`UsageError` if not defined)."""
+        defined = load_demo_versions(self.data_dir)
+        if name not in defined:
+            raise UsageError(argument="version", allowed=sorted(defined), got=name)
+        return defined[name]
 
     @property
     def base_url(self) -> str:
@@ -137,41 +180,69 @@ class SandboxServer:
         return f"http://{host}:{self.port}"
 
     def start(self) -> SandboxServer:
+        """Bind the port, build the index (once per process) and serve; returns once the server listens."""
         import uvicorn
 
-        index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
-        index.warm(self.version)
-        engine = RetrievalEngine(index, self.version)
-        self.app = create_app(engine, api_key=self.api_key, kb_id=self.kb_id, faults=self.faults,
-                              allow_fault_control=self.allow_fault_control)
-        if not self.port:
-            self.port = _free_port(self.host)
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=1, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"sandbox-{self.version.name}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the sandbox server did not start on {self.base_url}")
-            time.sleep(0.02)
+        self._socket = bind_socket(self.host, self.port)
+        self.port = self._socket.getsockname()[1]
+        try:
+            index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
+            index.warm(self.version)
+            self.sandbox = SandboxApp(RetrievalEngine(index, self.version), api_key=self.api_key, kb_id=self.kb_id,
+                                      faults=self.faults, allow_fault_control=self.allow_fault_control)
+            self.app = self.sandbox.app
+            config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
+                                    access_log=False, timeout_graceful_shutdown=1, lifespan="off")
+            self._server = uvicorn.Server(config)
+            self._failure = None
+            self._thread = threading.Thread(target=self._serve, args=(self._server, self._socket),
+                                            name=f"sandbox-{self.version.name}", daemon=True)
+            self._thread.start()
+            self._wait_started(self._server, self._thread, timeout_s=30)
+        except BaseException:
+            self.stop()
+            raise
         log.info("sandbox version %r serving on %s", self.version.name, self.base_url)
         return self
+
+    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        """The server thread: serve on ``sock`` until stopped, keeping what ended a failed start."""
+        try:
+            server.run(sockets=[sock])
+        except (Exception, SystemExit) as exc:  # uvicorn ends a failed start-up with SystemExit
+            self._failure = exc
+
+    def _wait_started(self, server: uvicorn.Server, thread: threading.Thread, timeout_s: float) -> None:
+        """Return once ``server`` listens; :class:`SandboxError` if its thread ended or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                if self._failure is not None:
+                    why = f": {self._failure!r}"
+                elif thread.is_alive():
+                    why = f" within {timeout_s:g} s"
+                else:
+                    why = " (its thread ended)"
+                raise SandboxError(f"the sandbox server did not start on {self.base_url}{why}")
+            time.sleep(0.02)
 
     def set_faults(self, **settings: Any) -> None:
         """Replace the injected faults (in-process; over HTTP use ``PUT /_sandbox/faults``)."""
         self.faults = FaultConfig.from_dict(settings)
-        if self.app is not None:
-            self.app.state.faults.set(self.faults)
+        if self.sandbox is not None:
+            self.sandbox.faults.set(self.faults)
 
     def stop(self) -> None:
+        """Stop serving (waits up to 10 s for the server thread) and release the port."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._socket is not None:
+            self._socket.close()
         self._server = None
         self._thread = None
+        self._socket = None
 
     def __enter__(self) -> SandboxServer:
         return self.start()
