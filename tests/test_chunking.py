@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -122,15 +123,75 @@ def test_some_answers_span_two_adjacent_chunks(demo_chunks):
     assert spanning >= 10
 
 
-def test_shipped_embedding_seed_covers_every_chunk(demo_chunks):
-    """A fresh clone must not re-embed the corpus: regenerate with `weknora-nb sandbox build --write-seed`."""
+def test_shipped_embedding_seed_covers_every_chunk():
+    """A fresh clone must not re-embed the corpus: regenerate with `weknora-nb sandbox build --write-seed`.
+
+    The vector model embeds each chunk's index text (title + content, C76; FAQ entries' questions
+    and answers) and the FAQ index entries of the demo's FAQ version, the reranker's model each
+    cleaned passage (C35)."""
     import numpy as np
 
-    from weknora_nb.sandbox.engine import E5Embedder, UseEmbedder
+    from weknora_nb.sandbox import load_demo_versions
+    from weknora_nb.sandbox.chunking import corpus_chunks
+    from weknora_nb.sandbox.engine import E5Embedder, SandboxIndex, UseEmbedder
 
-    for cls in (UseEmbedder, E5Embedder):
+    index = SandboxIndex(corpus_chunks(demo_dir()))
+    assert index.positions("faq"), "the demo's FAQ entries are part of the index"
+    faq_roles = sorted({v.faq_role for v in load_demo_versions().values() if v.faq_enabled})
+    for cls, roles in ((UseEmbedder, ["index", *faq_roles]), (E5Embedder, ["rerank"])):
         seed = demo_dir() / "cache" / f"embeddings-{cls.name}.npz"
+        assert seed.stat().st_size < 4_000_000, f"{seed.name} is {seed.stat().st_size} bytes"
         with np.load(seed) as z:
             keys = set(z["keys"].tolist())
-        want = {cls.key(c.content) for c in demo_chunks}
-        assert want <= keys, f"{len(want - keys)} chunks missing from {seed.name}"
+        want = {cls.key(t) for role in roles for t in index.texts(role)}
+        assert want <= keys, f"{len(want - keys)} of {len(want)} texts missing from {seed.name}"
+
+
+FAQ_SMALL = Path(__file__).parent / "fixtures" / "faq_small.jsonl"
+
+
+def test_faq_entries_become_faq_chunks():
+    from weknora_nb.sandbox.chunking import faq_answer_content, index_text, load_faq
+
+    chunks = load_faq(FAQ_SMALL)
+    assert [c.id for c in chunks] == [f"faq-00{n}" for n in range(1, 7)]
+    first = chunks[0]
+    assert (first.knowledge_id, first.knowledge_title, first.chunk_type, first.chunk_index) == (
+        "faq.accounts", "accounts", "faq", 0)
+    assert first.faq is not None and first.faq.similar_questions == ("管理员密码忘了咋办", "admin password forgotten")
+    assert first.content.startswith("Q: 忘记管理员密码怎么重置？\nSimilar Questions:\n- 管理员密码忘了咋办\n")
+    answer = "在服务器上执行 `dgctl user reset-password admin`，新密码须在 24 小时内修改。"
+    questions = ["忘记管理员密码怎么重置？", "管理员密码忘了咋办", "admin password forgotten"]
+    assert index_text(first).splitlines() == [*questions, answer]
+    assert faq_answer_content(first) == f"Q: 忘记管理员密码怎么重置？\nAnswer:\n- {answer}"
+    assert chunks[1].faq is not None and chunks[1].faq.negative_questions == ("VPN 账号被锁定怎么办？",)
+
+
+def test_a_bad_faq_file_names_every_bad_line(tmp_path):
+    from weknora_nb.core.errors import InputError
+    from weknora_nb.sandbox.chunking import load_faq
+
+    good = '{"id": "faq-1", "group": "g", "standard_question": "q?", "answers": ["a"]}'
+    lines = [good, "{not json", '{"id": "faq-2", "group": "g", "standard_question": "", "answers": ["a"]}',
+             '{"id": "faq-3", "group": "g", "standard_question": "q", "answers": ["  "]}', good,
+             '{"id": "faq-4", "group": "g", "standard_question": "q", "answers": "a"}']
+    p = tmp_path / "faq.jsonl"
+    p.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        load_faq(p)
+    assert [(pr.line, pr.field) for pr in err.value.problems] == [
+        (2, None), (3, "standard_question"), (4, "answers"), (5, "id"), (6, "answers")]
+
+
+def test_the_demo_faq_is_a_second_knowledge_base_of_the_corpus(demo_chunks):
+    from weknora_nb import load_testset
+    from weknora_nb.sandbox.chunking import corpus_chunks
+
+    chunks = corpus_chunks(demo_dir())
+    docs, faq = chunks[:len(demo_chunks)], chunks[len(demo_chunks):]
+    assert [c.id for c in docs] == [c.id for c in demo_chunks]
+    assert len(faq) >= 100 and {c.chunk_type for c in faq} == {"faq"}
+    assert all(re.fullmatch(r"faq-\d{3}", c.id) and c.knowledge_id == f"faq.{c.faq.group}" for c in faq if c.faq)
+    ts = load_testset(demo_dir() / "faq" / "testset.jsonl")
+    unknown = sorted(set(ts.qrels["chunk_id"]) - {c.id for c in faq})
+    assert not unknown, f"FAQ test-set labels that name no FAQ entry: {unknown[:10]}"

@@ -23,6 +23,7 @@ from weknora_nb.collect.stages import (
     DEFAULT_SELECTION,
     DEFAULT_STAGES,
     ENDPOINTS,
+    FAQ_STAGE,
     Stage,
     load_stage_file,
     resolve_stages,
@@ -87,16 +88,22 @@ def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
     assert df["latency_ms"].notna().all() and (df["latency_ms"] > 0).all()
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "complete" and m["counts"]["final"] == {"ok": 33}
-    assert m["testset"]["hash"] == testset.hash and m["system"] == {"chunking": "markdown headings"}
-    assert m["retrieval_config"]["rerank_top_k"] == 5
+    assert m["testset"]["hash"] == testset.hash and m["system"]["chunking"] == "markdown headings"
+    assert m["system_sources"]["chunking"] in ("user", "user over server")
+    assert m["retrieval_config"]["raw"]["rerank_top_k"] == 5
     assert m["stages"]["hybrid"]["params"]["skip_context_enrichment"] is True
     inv = pd.read_parquet(out / "chunks.parquet")
     assert len(inv) == 8 and inv["content"].str.len().min() > 10
     answers = [json.loads(x) for x in (out / "answers.jsonl").read_text().splitlines()]
-    assert len(answers) == 33 and all(a["citations"] for a in answers)
-    # final results expose the reranker's scores
-    fin = df[df["stage"] == "final"]
-    assert fin["model_score"].notna().all() and fin["base_score"].notna().all()
+    assert len(answers) == 33
+    # every answer built on references cites some of them (the sandbox's answers cite their top references)
+    cited = {(a["query_id"], a["repeat"]): set(a["citations"]) for a in answers}
+    refs = df[(df["stage"] == "citations") & df["chunk_id"].notna()].groupby(["query_id", "repeat"])["chunk_id"]
+    refs = refs.apply(set)
+    assert len(refs) >= 30 and all(cited[key] and cited[key] <= ids for key, ids in refs.items())
+    # final results expose the reranker's scores (a query with nothing above the rerank threshold has no result)
+    fin = df[(df["stage"] == "final") & df["chunk_id"].notna()]
+    assert len(fin) >= 30 and fin["model_score"].notna().all() and fin["base_score"].notna().all()
     sc = score(testset, df)
     assert sc.counts.n_invalid == 1 and sc.complete
 
@@ -175,10 +182,20 @@ def test_mixed_faults_every_request_exactly_once(tmp_path, sandbox, testset):
 
 
 def test_no_retry_on_other_4xx(tmp_path, sandbox, testset, monkeypatch):
+    sent = []
+    real_send = WeKnoraClient._send
+
+    async def counting(self, method, path, *a):
+        sent.append((method, path))
+        return await real_send(self, method, path, *a)
+
+    monkeypatch.setattr(WeKnoraClient, "_send", counting)
     monkeypatch.setenv("WEKNORA_API_KEY", "sk-wrong")
-    s = collect(fast(sandbox.base_url), sandbox.kb_id, testset.subset(["m00"]), tmp_path / "r", stages="final",
+    # a key the server refuses stops the collection at its first request, which is not retried
+    with pytest.raises(AuthFailed, match="rejected the API key") as err:
+        collect(fast(sandbox.base_url), sandbox.kb_id, testset.subset(["m00"]), tmp_path / "r", stages="final",
                 repeats=1, warmup=0, progress=False, inventory=False)
-    assert [f["status"] for f in s.failed] == ["auth"]
+    assert err.value.status == 401 and len(sent) == 1 and not (tmp_path / "r").exists()
     monkeypatch.delenv("WEKNORA_API_KEY")
     with pytest.raises(AuthFailed, match="WEKNORA_API_KEY"):
         collect(fast(sandbox.base_url), sandbox.kb_id, testset, tmp_path / "r2", progress=False)
@@ -363,7 +380,7 @@ def test_unknown_and_missing_stages_are_usage_errors():
     with pytest.raises(UsageError) as err:
         resolve_stages("final,nope,hybrid-10", extra)
     assert err.value.argument == "--stages" and err.value.got == ["nope", "hybrid-10"]
-    assert err.value.allowed == ["citations", "final", "hybrid", "hybrid-100", "keyword", "vector"]
+    assert err.value.allowed == ["citations", "faq", "final", "hybrid", "hybrid-100", "keyword", "vector"]
     for empty in ("", " , ", []):
         with pytest.raises(UsageError, match="--stages must be at least one stage"):
             resolve_stages(empty)
@@ -377,13 +394,14 @@ def test_a_stage_with_an_unknown_endpoint_is_a_usage_error():
     with pytest.raises(UsageError) as err:
         Stage("x", "vector-search")
     assert err.value.allowed == list(ENDPOINTS) and err.value.got == "vector-search"
-    assert str(err.value) == ("the endpoint of stage 'x' must be one of hybrid-search, knowledge-search, chat. "
-                              "Got 'vector-search' instead.")
+    assert str(err.value) == ("the endpoint of stage 'x' must be one of hybrid-search, knowledge-search, chat, "
+                              "faq-search. Got 'vector-search' instead.")
 
 
 def test_built_in_stages_follow_the_pipeline():
-    assert tuple(DEFAULT_STAGES) == PIPELINE
-    for name, stage in DEFAULT_STAGES.items():  # what each measures, read from its definition alone
+    built_in = {**DEFAULT_STAGES, FAQ_STAGE.name: FAQ_STAGE}  # faq: an FAQ knowledge base's own search
+    assert tuple(built_in) == PIPELINE
+    for name, stage in built_in.items():  # what each measures, read from its definition alone
         assert role_of("custom", stage.to_dict()) == name
     assert DEFAULT_SELECTION == "vector,keyword,hybrid,final"  # the chat endpoint only when asked for
 

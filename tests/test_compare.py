@@ -38,15 +38,16 @@ def make_testset(tmp: Path, n: int = N) -> Path:
 
 
 def make_run(tmp: Path, name: str, ts_path: Path, hit_rate: float, seed: int, system: dict,
-             latency: float = 50.0) -> Path:
-    """A run folder where query i finds its grade-3 chunk first with probability hit_rate."""
+             latency: float = 50.0, stage: str = "final", **manifest) -> Path:
+    """A run folder where query i finds its grade-3 chunk first with probability hit_rate at ``stage``;
+    ``manifest``: keys that replace the manifest's."""
     rng = np.random.default_rng(seed)
     ts = TestSet.from_records([json.loads(x) for x in ts_path.read_text().splitlines()])
     rows = []
     for qid in ts.queries["query_id"]:
         i = qid[1:]
         chunks = [f"c{i}a", "x1", f"c{i}b"] if rng.random() < hit_rate else ["x1", "x2", "x3", f"c{i}b"]
-        rows += ranked(qid, chunks)
+        rows += ranked(qid, chunks, stage=stage)
     df = results_frame(rows)
     df["latency_ms"] = latency + rng.random(len(df))
     d = tmp / name
@@ -55,7 +56,8 @@ def make_run(tmp: Path, name: str, ts_path: Path, hit_rate: float, seed: int, sy
     (d / "manifest.json").write_text(json.dumps({
         "run_name": name, "started_at": f"2026-11-0{seed}T00:00:00+00:00",
         "testset": {"path": str(ts_path), "hash": ts.hash}, "system": system,
-        "retrieval_config": {"rerank_top_k": 10}, "stages": {"final": {"endpoint": "knowledge-search"}}}))
+        "retrieval_config": {"rerank_top_k": 10}, "stages": {"final": {"endpoint": "knowledge-search"}},
+        **manifest}))
     return d
 
 
@@ -98,6 +100,60 @@ def test_more_than_one_variable_is_warned(runs):
     assert any("2 variables" in w for w in cmp.warnings)
     diff = config_diff([load_run(a).manifest, load_run(c).manifest], ["a", "c"])
     assert set(diff["key"]) == {"system.hnsw.m", "system.hnsw.ef_search"}
+
+
+ZEROS = {"embedding_top_k": 0, "vector_threshold": 0, "keyword_threshold": 0, "rerank_top_k": 0, "rerank_threshold": 0,
+         "rerank_model_id": ""}
+
+
+@pytest.mark.contract("C30", "C57")
+def test_config_diff_compares_the_effective_retrieval_config():
+    from weknora_nb.analysis.diagnose import effective_config
+    old = {"retrieval_config": {**ZEROS, "vector_threshold": 0.15, "embedding_top_k": 50}}  # as read, older runs
+    new = {"retrieval_config": {"raw": ZEROS, "effective": effective_config(ZEROS)}}
+    diff = config_diff([old, new], ["old", "new"])
+    # a 0 is the default it means: only the rerank threshold differs (saved 0 vs never saved: 0.2)
+    assert set(diff["key"]) == {"retrieval_config.rerank_threshold"}
+    raised = {"retrieval_config": {"raw": {**ZEROS, "vector_threshold": 0.3},
+                                   "effective": effective_config({**ZEROS, "vector_threshold": 0.3})}}
+    diff = config_diff([new, raised], ["new", "raised"])
+    assert set(diff.loc[diff["counts"], "key"]) == {"retrieval_config.vector_threshold",
+                                                    "retrieval_config.rerank_threshold"}
+
+
+def test_config_diff_counts_the_server_release_not_how_a_stage_was_collected():
+    a = {"server": {"version": "v0.6.2", "uptime_seconds": 5},
+         "stages": {"hybrid": {"endpoint": "hybrid-search", "method": "GET", "settings_source": "request"}}}
+    b = {"server": {"version": "v0.7.2", "uptime_seconds": 9},
+         "stages": {"hybrid": {"endpoint": "hybrid-search", "method": "POST"},
+                    "citations": {"endpoint": "chat", "inline_citations": {"answers": 3, "with_citations": 2}}}}
+    diff = config_diff([a, b], ["a", "b"]).set_index("key")
+    assert bool(diff.loc["server.version", "counts"]) and "server.uptime_seconds" not in diff.index
+    assert not diff.loc["stages.hybrid.method", "counts"] and not diff.loc["stages.hybrid.settings_source", "counts"]
+    assert not diff.loc["stages.citations.inline_citations.answers", "counts"]
+    assert bool(diff.loc["stages.citations.endpoint", "counts"])
+
+
+@pytest.mark.contract("C66")
+def test_a_retrieval_config_change_is_said_not_to_reach_the_citations_stage(tmp_path):
+    ts = make_testset(tmp_path)
+    chat = {"citations": {"endpoint": "chat", "settings_source": "server conversation config"}}
+    a = make_run(tmp_path, "a", ts, 0.5, 1, {}, stage="citations", stages=chat,
+                 retrieval_config={"rerank_top_k": 10})
+    b = make_run(tmp_path, "b", ts, 0.5, 2, {}, stage="citations", stages=chat,
+                 retrieval_config={"rerank_top_k": 20})
+    cmp = compare_runs([a, b], resamples=200)
+    assert cmp.stage == "citations"
+    assert any("ran the server's conversation settings" in w and "retrieval_config.rerank_top_k" in w
+               for w in cmp.warnings)
+    # an older manifest records no settings source: no note
+    old = {"citations": {"endpoint": "chat"}}
+    (tmp_path / "old").mkdir()
+    a2 = make_run(tmp_path / "old", "a", ts, 0.5, 1, {}, stage="citations", stages=old,
+                  retrieval_config={"rerank_top_k": 10})
+    b2 = make_run(tmp_path / "old", "b", ts, 0.5, 2, {}, stage="citations", stages=old,
+                  retrieval_config={"rerank_top_k": 20})
+    assert not any("conversation settings" in w for w in compare_runs([a2, b2], resamples=200).warnings)
 
 
 def test_different_test_sets_are_refused(runs, tmp_path):

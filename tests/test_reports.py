@@ -34,7 +34,7 @@ SECTIONS = {
     "01_collect": ["01 · Collect", "Manifest", "Requests per stage", "Latency"],
     "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Recall funnel", "Distributions"],
     "03_stratify": ["03 · Stratify", "Heatmaps", "Weakest groups"],
-    "04_degraded": ["04 · Degraded queries", "Causes by stage", "Drill-down"],
+    "04_degraded": ["04 · Degraded queries", "What each stage ran", "Causes by stage", "Drill-down"],
     "05_compare": ["05 · Compare", "Configuration difference", "Deltas", "Latency cost", "Recommendation", "History"],
 }
 
@@ -283,6 +283,38 @@ def test_open_run_resolves_the_focus_stage_and_scores_with_the_adjustment(report
     assert stage == "final" and run.scores.domain_adjustment == 0.05
     assert "recall@20" in run.scores.metric_names and "ndcg@5" in run.scores.metric_names
     assert wn.open_run(tmp / "runs" / "rerank", stage="vector", metrics=["hit@5"])[1] == "vector"
+
+
+def test_the_degraded_report_says_what_ran_and_counts_unexplained_queries(reports):
+    tmp, rep, _ = reports
+    page = rep.pages["04_degraded"].read_text(encoding="utf-8")
+    assert "tenant retrieval config" in page and "server conversation config" in page
+    assert re.search(r"<th>unexplained</th>", page)  # the summary's row, shown even when 0
+    # the rerank version registers a rerank model: its final lists carry model scores, and the table says it ran
+    final = load_run(tmp / "runs" / "rerank").results.query("stage == 'final'")
+    assert final["model_score"].notna().any() and "lists carry model_score" in page
+
+
+@pytest.mark.contract("C66")
+def test_the_settings_note_shows_only_when_final_and_citations_ran_different_settings(reports):
+    from types import SimpleNamespace
+
+    def stub(final: str | None, citations: str | None, stages=("hybrid", "final", "citations")):
+        defs = {"final": {"endpoint": "knowledge-search"}, "citations": {"endpoint": "chat"}}
+        for name, source in (("final", final), ("citations", citations)):
+            if source:
+                defs[name]["settings_source"] = source
+        return SimpleNamespace(stages=list(stages), stage_definitions=defs)
+    note = wn.settings_note(stub("tenant retrieval config", "server conversation config"))
+    assert note is not None and "citations ran different settings from final" in note.data
+    assert wn.settings_note(stub(None, None)) is None  # an older manifest records no settings source
+    assert wn.settings_note(stub("request", "request")) is None
+    assert wn.settings_note(stub("a", "b", stages=("final",))) is None
+    # the rendered metric report carries the note exactly when the run's manifest calls for it
+    tmp, rep, _ = reports
+    page = rep.pages["02_metrics"].read_text(encoding="utf-8")
+    expected = wn.settings_note(load_run(tmp / "runs" / "rerank")) is not None
+    assert page.count("ran different settings") == (2 if expected else 0)
 
 
 def test_rendering_prints_no_error_line(reports):

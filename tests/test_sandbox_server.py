@@ -55,21 +55,30 @@ def test_auth_layer_answers_with_a_bare_error(server, headers):
     assert set(r.json()) == {"error"}
 
 
-def test_bearer_token_is_accepted(server):
+def test_a_bearer_token_is_never_an_api_key(server):
+    # C1: a bearer token is only ever a JWT, so the API key sent as one is refused (C2: v0.7.2's message)
     r = httpx.get(f"{server.base_url}/api/v1/tenants/kv/retrieval-config", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 200 and r.json()["success"] is True
+    assert r.status_code == 401 and r.json() == {"error": "Unauthorized: invalid or expired token"}
 
 
 def test_hybrid_search_paths_and_fields(client, server):
-    vec = hybrid(client, server, query_text="忘记管理员密码怎么办", disable_keywords_match=True,
+    vec = hybrid(client, server, query_text="忘记管理员密码怎么办", match_count=50, disable_keywords_match=True,
                  skip_context_enrichment=True).json()
-    kw = hybrid(client, server, query_text="忘记管理员密码怎么办", disable_vector_match=True,
+    kw = hybrid(client, server, query_text="忘记管理员密码怎么办", match_count=50, disable_vector_match=True,
                 skip_context_enrichment=True).json()
-    both = hybrid(client, server, query_text="忘记管理员密码怎么办", skip_context_enrichment=True).json()
+    both = hybrid(client, server, query_text="忘记管理员密码怎么办", match_count=50,
+                  skip_context_enrichment=True).json()
     assert vec["success"] and kw["success"] and both["success"]
     assert {r["match_type"] for r in vec["data"]} == {0}
     assert {r["match_type"] for r in kw["data"]} == {1}
-    assert len(vec["data"]) == 8  # match_count <= 0 means 50: every chunk of the mini corpus
+    # match_count 50 (C17: omitted or 0 returns nothing before main): every chunk of the mini corpus whose
+    # cosine similarity passes the vector threshold 0 (C19, C75: ``1 - distance >= threshold``, so not the others)
+    engine = server.sandbox.engine
+    model = engine.version.embedding_model
+    sims = engine.index.passage_vectors(model) @ engine.index.embedder(model).query("忘记管理员密码怎么办")
+    assert 0 < len(vec["data"]) == int((sims >= 0).sum()) and all(r["score"] >= 0 for r in vec["data"])
+    # C21: the fused list holds every chunk either path found
+    assert {r["id"] for r in both["data"]} == {r["id"] for r in vec["data"]} | {r["id"] for r in kw["data"]}
     first = kw["data"][0]
     assert first["id"] == "guide.01-passwords:000"
     for field in ("id", "content", "knowledge_id", "chunk_index", "knowledge_title", "start_at", "end_at", "seq",
@@ -84,10 +93,11 @@ def test_hybrid_search_paths_and_fields(client, server):
 def test_match_count_thresholds_and_knowledge_filter(client, server):
     r = hybrid(client, server, query_text="密码", match_count=2, skip_context_enrichment=True).json()["data"]
     assert len(r) == 2
-    r = hybrid(client, server, query_text="密码", disable_keywords_match=True, vector_threshold=0.99,
+    r = hybrid(client, server, query_text="密码", match_count=5, disable_keywords_match=True, vector_threshold=0.99,
                skip_context_enrichment=True).json()["data"]
-    assert r == []
-    r = hybrid(client, server, query_text="密码", knowledge_ids=["guide.03-vpn"], skip_context_enrichment=True)
+    assert r is None  # C25: no hit is data null
+    r = hybrid(client, server, query_text="密码", match_count=5, knowledge_ids=["guide.03-vpn"],
+               skip_context_enrichment=True)
     assert {x["knowledge_id"] for x in r.json()["data"]} == {"guide.03-vpn"}
 
 
@@ -103,7 +113,7 @@ def test_context_enrichment_appends_neighbours_with_score_0(client, server):
 
 def test_hybrid_search_errors(client, server):
     r = client.post("/api/v1/knowledge-bases/nope/hybrid-search", json={"query_text": "x"})
-    assert r.status_code == 404 and r.json()["success"] is False and r.json()["error"]["code"] == 1004
+    assert r.status_code == 404 and r.json()["success"] is False and r.json()["error"]["code"] == 1003  # C12
     r = hybrid(client, server, match_count=3)
     assert r.status_code == 400 and "query_text" in r.json()["error"]["message"]
     r = client.post(f"/api/v1/knowledge-bases/{server.kb_id}/hybrid-search", content=b"{not json")
@@ -119,10 +129,12 @@ def test_knowledge_search_reranks_and_merges(client, server):
     assert r.status_code == 200 and 0 < len(data) <= 5
     for d in data:
         assert {"base_score", "model_score"} <= set(d["metadata"])
-        assert float(d["metadata"]["model_score"]) == pytest.approx(d["score"], abs=1e-6)
-    model = [float(d["metadata"]["model_score"]) for d in data]
-    assert model == sorted(model, reverse=True)
-    absorbed = [i for d in data for i in d["sub_chunk_id"]]
+        # C38: the final score clamp01(0.6 model + 0.3 base + 0.1); C41: a merged result keeps the best of its members
+        model, base = float(d["metadata"]["model_score"]), float(d["metadata"]["base_score"])
+        assert d["score"] >= min(1.0, 0.6 * model + 0.3 * base + 0.1) - 1e-3
+    scores = [d["score"] for d in data]
+    assert scores == sorted(scores, reverse=True)  # C43: sorted before the top-k cut from v0.7.2
+    absorbed = [i for d in data for i in d["sub_chunk_id"] or []]
     primary = [d["id"] for d in data]
     assert not set(absorbed) & set(primary)
     assert any(d["sub_chunk_id"] for d in data)  # neighbours of one document were merged
@@ -131,7 +143,7 @@ def test_knowledge_search_reranks_and_merges(client, server):
 def test_knowledge_search_errors(client, server):
     assert client.post("/api/v1/knowledge-search", json={"query": "x"}).status_code == 400
     r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_ids": ["other"]})
-    assert r.status_code == 404
+    assert r.status_code == 500 and r.json()["error"]["code"] == 1007  # C28: every service error is a 500
     assert client.post("/api/v1/knowledge-search", json={"knowledge_base_id": server.kb_id}).status_code == 400
 
 
@@ -146,13 +158,16 @@ def sse_events(text: str) -> list[dict]:
 
 
 def test_chat_stream_has_references_answer_and_complete(client, server):
-    sid = client.post("/api/v1/sessions", json={"knowledge_base_id": server.kb_id}).json()["data"]["id"]
-    r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "VPN 连接失败 ZL-201"})
+    # C58: a session has no knowledge base; C60: the chat request names it
+    sid = client.post("/api/v1/sessions", json={"title": "t"}).json()["data"]["id"]
+    r = client.post(f"/api/v1/knowledge-chat/{sid}",
+                    json={"query": "VPN 连接失败 ZL-201", "knowledge_base_ids": [server.kb_id]})
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     kinds = [e["response_type"] for e in events]
-    assert kinds[0] == "references" and kinds[-1] == "complete" and "answer" in kinds
-    refs = events[0]["knowledge_references"]
+    # C63: the stream starts with agent_query; C64: the references come before the answer
+    assert kinds[:2] == ["agent_query", "references"] and kinds[-1] == "complete" and "answer" in kinds
+    refs = events[1]["knowledge_references"]
     answer = "".join(e["content"] for e in events if e["response_type"] == "answer")
     assert "抽取式回答" in answer  # the sandbox says it has no language model
     assert f'chunk_id="{refs[0]["id"]}"' in answer and f'kb_id="{server.kb_id}"' in answer
@@ -163,8 +178,9 @@ def test_chat_errors_and_cut_stream(client, server):
     sid = client.post("/api/v1/sessions", json={}).json()["data"]["id"]
     assert client.post(f"/api/v1/knowledge-chat/{sid}", json={}).status_code == 400
     server.set_faults(stream_cut_rate=1.0)
-    events = sse_events(client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码"}).text)
-    assert [e["response_type"] for e in events] == ["references"]
+    events = sse_events(client.post(f"/api/v1/knowledge-chat/{sid}",
+                                    json={"query": "密码", "knowledge_base_ids": [server.kb_id]}).text)
+    assert [e["response_type"] for e in events] == ["agent_query", "references"]  # cut after the references
 
 
 def test_retrieval_config(client, server):
@@ -271,9 +287,9 @@ def test_seeded_stream_cuts_are_rolled_after_the_other_faults(client, server):
     server.set_faults(error_rate=0.4, stream_cut_rate=0.5, seed=4)
     got = []
     for _ in range(30):
-        r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码"})
+        r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码", "knowledge_base_ids": [server.kb_id]})
         got.append(r.status_code if r.status_code != 200 else
-                   "cut" if [e["response_type"] for e in sse_events(r.text)] == ["references"] else "whole")
+                   "cut" if "complete" not in [e["response_type"] for e in sse_events(r.text)] else "whole")
     rng = random.Random(4)
     expected = [500 if rng.random() < 0.4 else "cut" if rng.random() < 0.5 else "whole" for _ in range(30)]
     assert got == expected and {500, "cut", "whole"} <= set(got)
@@ -312,8 +328,8 @@ def test_fault_control_over_http(client):
     assert r.json()["data"]["error_rate"] == 1.0
     assert client.get("/api/v1/tenants/kv/retrieval-config").status_code == 500
     r = client.put("/_sandbox/faults", json={"error_rate": 2})
-    assert r.status_code == 400 and r.json()["error"] == {
-        "code": 1000, "message": "error_rate must be a number between 0 and 1. Got 2 instead."}
+    assert r.status_code == 400 and r.json()["error"] == {  # C11: details is always there, null here
+        "code": 1000, "message": "error_rate must be a number between 0 and 1. Got 2 instead.", "details": None}
     r = client.put("/_sandbox/faults", json={"nonsense": 1})
     assert r.status_code == 400 and "Got 'nonsense' instead" in r.json()["error"]["message"]
     assert client.put("/_sandbox/faults", json={}).status_code == 200
@@ -323,6 +339,7 @@ def test_fault_control_is_off_by_default(cache_dir):
     with SandboxServer("baseline", data_dir=MINI, cache_dir=cache_dir, api_key=KEY) as s:
         r = httpx.put(s.base_url + "/_sandbox/faults", json={}, headers={"X-API-Key": KEY})
         assert r.status_code == 404
+        assert httpx.get(s.base_url + "/_sandbox/stats", headers={"X-API-Key": KEY}).status_code == 404
 
 
 def test_serves_on_loopback_only():
@@ -382,6 +399,8 @@ def test_fault_config_validation():
     assert str(err.value) == "hang_rate must be a number between 0 and 1. Got -0.1 instead."
     with pytest.raises(UsageError, match="stream_cut_rate must be a number between 0 and 1. Got 1.5 instead."):
         FaultConfig.from_dict({"stream_cut_rate": 1.5})
+    with pytest.raises(UsageError, match="rerank_error_rate must be a number between 0 and 1. Got 2 instead."):
+        FaultConfig.from_dict({"rerank_error_rate": 2})
     with pytest.raises(UsageError, match="latency_ms must be a number. Got '50' instead."):
         FaultConfig.from_dict({"latency_ms": "50"})
     with pytest.raises(UsageError) as err:
@@ -443,7 +462,7 @@ def test_a_missing_model_gives_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
-    from weknora_nb.sandbox import chunk_corpus
+    from weknora_nb.sandbox import build_index
     from weknora_nb.sandbox.engine import E5Embedder
 
     files = sorted(p.name for p in Path(cache_dir).iterdir())
@@ -453,6 +472,41 @@ def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
     def must_not_run(texts):
         raise AssertionError(f"recomputed {len(texts)} cached passages")
     emb._embed_passages = must_not_run
-    vecs = emb.passages([c.content for c in chunk_corpus(MINI / "docs")])
+    vecs = emb.passages(build_index(MINI, cache_dir=cache_dir).texts("rerank"))  # what the reranker embeds (C35)
     assert vecs.shape == (8, 384)
     assert abs(float((vecs ** 2).sum(axis=1).mean()) - 1.0) < 1e-3  # L2-normalised
+
+
+def test_the_weknora_release_to_emulate(monkeypatch):
+    from weknora_nb import cli, sandbox
+    from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
+
+    assert SandboxServer("baseline", data_dir=MINI).release is RELEASES[DEFAULT_RELEASE]
+    assert SandboxServer("baseline", data_dir=MINI, weknora_version="v0.6.2").release.hybrid_search_methods == ("GET",)
+    with pytest.raises(UsageError) as err:
+        SandboxServer("baseline", data_dir=MINI, weknora_version="v9")
+    assert (err.value.argument, err.value.allowed) == ("--weknora-version", list(RELEASES))
+    parser = cli.build_parser()
+    assert parser.parse_args(["sandbox", "serve"]).weknora_version is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sandbox", "serve", "--weknora-version", "v9"])
+    seen: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_server(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+    monkeypatch.setenv("WEKNORA_API_KEY", KEY)
+    monkeypatch.setattr(sandbox, "SandboxServer", fake_server)
+    with pytest.raises(Stop):
+        cli._cmd_sandbox_serve(parser.parse_args(["sandbox", "serve", "--weknora-version", "main", "--port", "0"]))
+    assert seen["weknora_version"] == "main"
+
+
+def test_bad_api_keys_are_refused_up_front():
+    with pytest.raises(UsageError, match="kind must be one of workspace, platform"):
+        SandboxServer("baseline", data_dir=MINI, api_keys={"sk-x": {"kind": "admin"}})
+    with pytest.raises(UsageError, match="capabilities must be one of"):
+        SandboxServer("baseline", data_dir=MINI, api_keys={"sk-x": {"capabilities": ["everything"]}})

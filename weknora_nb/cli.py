@@ -212,27 +212,36 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _collect_stages(args: argparse.Namespace) -> list[Any]:
-    """The Stage objects named by ``--stages`` (the defaults, then those of ``--stages-file``)."""
+def _collect_stages(args: argparse.Namespace) -> list[Any] | None:
+    """The Stage objects named by ``--stages`` (the built-in ones, then those of ``--stages-file``);
+    None without ``--stages``: the collector's defaults, fitted to the knowledge bases (a stage file is
+    still checked)."""
     from weknora_nb.collect.stages import load_stage_file, resolve_stages
 
     extra = load_stage_file(args.stages_file) if args.stages_file else None
-    return resolve_stages(args.stages, extra)
+    return resolve_stages(args.stages, extra) if args.stages is not None else None
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
+    """Collect; a knowledge base the server does not have, or a key, tenant or capability it refuses, is
+    unusable input (exit 2, one line saying what to do) rather than a run of failed requests."""
     from weknora_nb.collect.client import ClientSettings
     from weknora_nb.collect.collector import collect
     from weknora_nb.collect.system import load_system_description
+    from weknora_nb.core.errors import AuthFailed, NotFound
 
     system = load_system_description(args.system) if args.system else None
     stages = _collect_stages(args)
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
                               timeout_s=args.timeout, max_attempts=args.max_attempts,
                               max_connections=args.concurrency)
-    summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
-                      concurrency=args.concurrency, warmup=args.warmup, system=system, resume=args.resume,
-                      retry_failed=args.retry_failed, inventory=not args.no_inventory, progress=not args.quiet)
+    try:
+        summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
+                          concurrency=args.concurrency, warmup=args.warmup, system=system, resume=args.resume,
+                          retry_failed=args.retry_failed, inventory=not args.no_inventory,
+                          progress=not args.quiet, keep_sessions=args.keep_sessions)
+    except (AuthFailed, NotFound) as exc:
+        raise UsageError(str(exc)) from None
     print(summary.describe())
     return 0 if summary.complete else 1
 
@@ -283,12 +292,14 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
         raise UsageError("set WEKNORA_API_KEY first (any value, e.g. export WEKNORA_API_KEY=sk-sandbox-local): "
                          "the sandbox accepts that key and clients read it from the same variable")
     server = SandboxServer(args.version, host=args.host, port=args.port, data_dir=args.data, faults=args.faults,
-                           allow_fault_control=args.allow_fault_control, show_progress=True)
+                           allow_fault_control=args.allow_fault_control, show_progress=True,
+                           weknora_version=args.weknora_version)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with server:
-        print(f"sandbox version {server.version.name!r} serving knowledge base {server.kb_id!r} on "
-              f"{server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.", flush=True)
+        print(f"sandbox version {server.version.name!r} (as WeKnora {server.release.name}) serving knowledge base "
+              f"{server.kb_id!r} on {server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.",
+              flush=True)
         try:
             while not stop.wait(0.5):
                 pass
@@ -311,8 +322,7 @@ def _cmd_sandbox_build(args: argparse.Namespace) -> int:
     print(f"{len(index.chunks)} chunks from {docs} documents; index built in {time.perf_counter() - t0:.1f} s")
     if args.write_seed:
         folder = Path(args.data or demo_dir()) / "cache"
-        for model in sorted(index._embedders):
-            f = index.embedder(model).write_seed([c.content for c in index.chunks], folder)
+        for f in index.write_seed(folder):  # each model's texts: index texts (vector), passages (reranker)
             print(f"wrote {f}")
     return 0
 
@@ -351,8 +361,9 @@ def _add_collect(sub: Subparsers) -> None:
     c.add_argument("--base-url", required=True, type=_base_url, help="WeKnora base URL, e.g. http://127.0.0.1:8080")
     c.add_argument("--kb-id", required=True, action="append", help="knowledge base id (repeatable)")
     c.add_argument("--testset", required=True, help="test set file or WeKnora dataset folder")
-    c.add_argument("--stages", default="vector,keyword,hybrid,final",
-                   help="comma-separated stages: vector, keyword, hybrid, final, citations (default: the first four)")
+    c.add_argument("--stages", default=None,
+                   help="comma-separated stages: vector, keyword, hybrid, final, citations, faq (default: the "
+                        "first four; on FAQ knowledge bases faq, and no keyword stage where none has that path)")
     c.add_argument("--stages-file", default=None, help="YAML file defining more stages")
     c.add_argument("--repeats", type=at_least_1, default=3, help="repeats of every query and stage (default 3)")
     c.add_argument("--concurrency", type=at_least_1, default=8, help="requests in flight (default 8)")
@@ -366,6 +377,8 @@ def _add_collect(sub: Subparsers) -> None:
     c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
     c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
     c.add_argument("--no-inventory", action="store_true", help="do not fetch the chunk listing")
+    c.add_argument("--keep-sessions", action="store_true",
+                   help="keep the chat sessions the run creates (default: deleted at the end)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_collect)
 
@@ -409,12 +422,16 @@ def _add_demo(sub: Subparsers) -> None:
 
 
 def _add_sandbox(sub: Subparsers) -> None:
+    from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
+
     sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
     serve = sbs.add_parser("serve", help="serve one system version on loopback")
     serve.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.add_argument("--version", default="baseline", help="system version from versions.yaml")
+    serve.add_argument("--weknora-version", default=None, choices=list(RELEASES),
+                       help=f"the WeKnora release whose API to emulate (default {DEFAULT_RELEASE}, the latest release)")
     serve.add_argument("--data", default=None, help="demo folder (default: the one shipped with the package)")
     serve.add_argument("--faults", type=_faults, default=None,
                        help='faults to inject, as JSON, e.g. \'{"latency_ms": 50, "error_rate": 0.05}\'')

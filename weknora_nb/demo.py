@@ -29,10 +29,12 @@ from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, render_report, write_overview
 from weknora_nb.sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
 
-__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES"]
+__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES", "FAQ_STAGES"]
 
 log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
+#: a version with an FAQ knowledge base measures that base on its own test set (no keyword path there, C20)
+FAQ_STAGES = "vector,hybrid,final,faq"
 
 
 @dataclass
@@ -44,44 +46,49 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def demo_testset(out: Path, limit: int | None = None) -> Path:
-    """The demo test set: the shipped file, or (``limit`` = N) its first N queries in file order,
-    written to ``<out>/testset-first-<N>.jsonl`` so that the runs' manifests point to a file that stays."""
-    full = demo_dir() / "testset.jsonl"
+def demo_testset(out: Path, limit: int | None = None, *, faq: bool = False) -> Path:
+    """The demo test set (``faq``: the FAQ knowledge base's, ``faq/testset.jsonl``): the shipped file, or
+    (``limit`` = N) its first N queries in file order, written to ``<out>/testset-first-<N>.jsonl``
+    (``faq-testset-first-<N>.jsonl``) so that the runs' manifests point to a file that stays."""
+    full = demo_dir() / ("faq/testset.jsonl" if faq else "testset.jsonl")
     if limit is None:
         return full
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise UsageError(argument="limit", allowed="an integer >= 1", got=limit)
     ts = load_testset(full)
     first = ts.queries["query_id"].tolist()[:limit]
-    path = out / f"testset-first-{limit}.jsonl"
+    path = out / f"{'faq-' if faq else ''}testset-first-{limit}.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     ts.subset(first).to_jsonl(path)
     return path
 
 
-def _collect_version(version: str, testset: Path, run_dir: Path, **kwargs: Any) -> RunSummary:
-    """Serve ``version`` and collect ``testset`` into ``run_dir``: resumed when the folder holds the
-    same run, collected afresh when it holds another one (an older demo, another ``limit``)."""
+def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = False,
+                     **kwargs: Any) -> RunSummary:
+    """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
+    resumed when the folder holds the same run, collected afresh when it holds another one (an older
+    demo, another ``limit``)."""
     with SandboxServer(version) as sb:
         kwargs.update(system=sb.describe(), run_name=version)
         settings = ClientSettings(sb.base_url)
+        kb = sb.faq_kb_id if faq else sb.kb_id
         try:
-            return collect(settings, sb.kb_id, testset, run_dir, resume=(run_dir / "manifest.json").exists(),
-                           **kwargs)
+            return collect(settings, kb, testset, run_dir, resume=(run_dir / "manifest.json").exists(), **kwargs)
         except RunExistsError:
             log.info("%s holds an older demo run: collecting it again", run_dir)
             shutil.rmtree(run_dir)
-            return collect(settings, sb.kb_id, testset, run_dir, **kwargs)
+            return collect(settings, kb, testset, run_dir, **kwargs)
 
 
-def _render_all(out: Path, names: list[str], no_input: bool) -> tuple[Path, list[Report]]:
-    """Render the first version alone and every other one against it; write the overview page."""
+def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool) -> tuple[Path, list[Report]]:
+    """Render the first version alone and every other one against it, except those of ``alone``
+    (measured on another test set: nothing to compare); write the overview page."""
     runs, reports_dir = out / "runs", out / "reports"
     base = runs / names[0]
     reports = [render_report(base, out_root=reports_dir, no_input=no_input)]
     for v in names[1:]:
-        reports.append(render_report(runs / v, [base], out_root=reports_dir, no_input=no_input))
+        baselines = [] if v in alone else [base]
+        reports.append(render_report(runs / v, baselines, out_root=reports_dir, no_input=no_input))
     return write_overview(reports, reports_dir / "index.html"), reports
 
 
@@ -107,9 +114,9 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     if not os.environ.get(API_KEY_ENV):
         # the sandbox and the collector read the same variable; it lives only in this process
         os.environ[API_KEY_ENV] = f"sk-sandbox-{secrets.token_hex(12)}"
-    testset = demo_testset(out, limit)
     all_versions = load_demo_versions()
     names = versions or list(all_versions)
+    faq = {v for v in names if all_versions[v].faq_enabled}
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -120,12 +127,13 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
 
     t0 = time.perf_counter()
     for v in names:
-        summary = _collect_version(v, testset, out / "runs" / v, stages=stages, repeats=repeats,
+        summary = _collect_version(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
+                                   stages=FAQ_STAGES if v in faq else stages, repeats=repeats,
                                    concurrency=concurrency, progress=progress)
         log.info(summary.describe())
     seconds["collect"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    index, reports = _render_all(out, names, no_input)
+    index, reports = _render_all(out, names, faq, no_input)
     seconds["render"] = time.perf_counter() - t0
     return DemoResult(index, reports, seconds)

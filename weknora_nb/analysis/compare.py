@@ -23,36 +23,64 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from weknora_nb.analysis.diagnose import CONVERSATION, effective_config
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
 from weknora_nb.core.errors import NotComparableError, WeknoraNbError
 from weknora_nb.core.metrics import parse_metrics
-from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, significance_warning
+from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, role_of, significance_warning
 from weknora_nb.core.run import Run, flatten, iter_runs, load_run
 
 __all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend"]
 
 #: configuration keys that name or describe a version rather than configure it
 _IGNORED_KEYS = ("description", "version", "name", "faults")
+#: what a stage's record says about how it was collected or what came back, not what it ran
+#: (``stages.<name>.<key>...``)
+_STAGE_RECORDS = ("settings_source", "method", "inline_citations")
+#: what the server reports that changes what runs (``GET /api/v1/system/info``, C56)
+_SERVER_KEYS = ("version", "keyword_index_engine", "vector_store_engine")
+#: keys of the effective retrieval config derived from others (``rerank_model`` from ``rerank_model_id``)
+_DERIVED_CONFIG_KEYS = ("rerank_model", "rerank_threshold_assumed")
+
+
+def _retrieval_settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The retrieval config knowledge-search ran with (the effective one, C30: a raw 0 and the default it
+    means are one setting), or what was recorded when it is unusable (an error)."""
+    effective = effective_config(manifest.get("retrieval_config"))
+    if effective is None:
+        return manifest.get("retrieval_config") or {}
+    return {k: v for k, v in effective.items() if k not in _DERIVED_CONFIG_KEYS}
+
+
+def _counts(key: str) -> bool:
+    """Whether a differing key is a configuration variable (not a name, a description or a record)."""
+    parts = key.split(".")
+    if parts[-1] in _IGNORED_KEYS and parts[0] != "server":
+        return False
+    return parts[1:2] != ["faults"] and not (parts[0] == "stages" and parts[2:3] and parts[2] in _STAGE_RECORDS)
 
 
 def config_diff(manifests: list[dict[str, Any]], names: list[str]) -> pd.DataFrame:
-    """Configuration keys (system description, retrieval config, stages) that differ between runs.
+    """Configuration keys (system description, effective retrieval config, stages, the server's release and
+    engines) that differ between runs.
 
-    Columns: ``key``, one per run, ``counts`` (False for keys that only name or describe a version).
+    Columns: ``key``, one per run, ``counts`` (False for keys that only name or describe a version,
+    or record how a stage was collected).
     """
     flats = []
     for m in manifests:
-        flats.append(flatten({"system": m.get("system") or {}, "retrieval_config": m.get("retrieval_config") or {},
-                               "stages": m.get("stages") or {}}))
+        recorded = m.get("server")
+        server: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        flats.append(flatten({"system": m.get("system") or {}, "retrieval_config": _retrieval_settings(m),
+                              "stages": m.get("stages") or {},
+                              "server": {k: server[k] for k in _SERVER_KEYS if k in server}}))
     keys = sorted(set().union(*flats))
     rows = []
     for k in keys:
         vals = [f.get(k) for f in flats]
         if any(json.dumps(v, sort_keys=True, default=str) != json.dumps(vals[0], sort_keys=True, default=str)
                for v in vals[1:]):
-            last = k.split(".")[-1]
-            rows.append({"key": k, **dict(zip(names, vals, strict=True)),
-                         "counts": not (last in _IGNORED_KEYS or k.split(".")[1:2] == ["faults"])})
+            rows.append({"key": k, **dict(zip(names, vals, strict=True)), "counts": _counts(k)})
     return pd.DataFrame(rows, columns=["key", *names, "counts"])
 
 
@@ -61,13 +89,13 @@ def _variables(diff: pd.DataFrame) -> list[str]:
 
     The user's system description is the record of the configuration; the retrieval config
     read from the server is a partial view of the same settings, so it is only used when
-    no system description differs. Stage definitions always count.
+    no system description differs. Stage definitions and the server's release and engines always count.
     """
     keys = diff.loc[diff["counts"], "key"].tolist() if len(diff) else []
     system = [k for k in keys if k.startswith("system.")]
-    stages = [k for k in keys if k.startswith("stages.")]
-    server = [k for k in keys if k.startswith("retrieval_config.")]
-    return sorted(set((system or server) + stages))
+    always = [k for k in keys if k.startswith(("stages.", "server."))]
+    config = [k for k in keys if k.startswith("retrieval_config.")]
+    return sorted(set((system or config) + always))
 
 
 def latency_table(runs: list[Run], stage: str) -> pd.DataFrame:
@@ -166,13 +194,31 @@ def _paired_rows(base: Run, other: Run, stage: str, mets: list[str], resamples: 
     return rows, frame
 
 
-def _pair_warnings(base: Run, other: Run) -> list[str]:
-    """What limits one pair's comparison besides its size: several changed variables, an incomplete run."""
+def _settings_warning(runs: list[Run], stage: str, diff: pd.DataFrame) -> str | None:
+    """When the compared stage runs the server's conversation settings (the chat, C66: config.yaml
+    ``conversation.*``, recorded as the stage's ``settings_source``) and the tenant retrieval config
+    changed: that change did not reach the stage. None for older manifests (no settings source)."""
+    sources = {(r.stage_definitions.get(stage) or {}).get("settings_source") for r in runs}
+    role = role_of(stage, runs[0].stage_definitions.get(stage))
+    keys = [k for k in diff.loc[diff["counts"], "key"] if k.startswith("retrieval_config.")] if len(diff) else []
+    if CONVERSATION not in sources or not keys:
+        return None
+    return (f"Stage {stage} ({role}) ran the server's conversation settings, not the tenant retrieval config: "
+            f"{', '.join(keys)} did not reach it.")
+
+
+def _pair_warnings(base: Run, other: Run, stage: str) -> list[str]:
+    """What limits one pair's comparison besides its size: several changed variables, a changed retrieval
+    config the compared stage does not run, an incomplete run."""
     out = []
-    changed = _variables(config_diff([base.manifest, other.manifest], [base.name, other.name]))
+    diff = config_diff([base.manifest, other.manifest], [base.name, other.name])
+    changed = _variables(diff)
     if len(changed) > 1:
         out.append(f"{other.name} differs from {base.name} in {len(changed)} variables "
                    f"({', '.join(changed)}): a difference cannot be attributed to one of them.")
+    settings = _settings_warning([base, other], stage, diff)
+    if settings:
+        out.append(settings)
     if not base.scores.complete or not other.scores.complete:
         out.append(f"{base.name if not base.scores.complete else other.name} is incomplete: failed or "
                    "missing requests are left out of the comparison.")
@@ -204,7 +250,7 @@ def compare_runs(paths: Sequence[str | Path] | Sequence[Run], *, stage: str | No
         too_few = significance_warning(len(frame))
         if too_few and too_few not in warnings:
             warnings.append(too_few)
-        warnings += _pair_warnings(base, other)
+        warnings += _pair_warnings(base, other, stage)
     diff_all = config_diff([r.manifest for r in runs], [r.name for r in runs])
     cmp = Comparison(runs, stage, pd.DataFrame(rows), diff_all, latency_table(runs, stage),
                      pd.concat(per_query, ignore_index=True), warnings)

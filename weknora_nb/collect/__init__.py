@@ -1,4 +1,6 @@
-"""Collection: an httpx client for WeKnora, stages as data, the resumable collector and its checkpoint.
+"""Collection: an httpx client for WeKnora (``client``, ``envelope``), stages as data, what the server says
+before a run (``preflight``), the resumable collector and its checkpoint, the chunk inventory, the chat
+sessions a run created.
 
 Imports the core only.
 """

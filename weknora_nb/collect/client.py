@@ -1,8 +1,14 @@
 """An httpx client for WeKnora's retrieval endpoints, with retries and one exception per failure kind.
 
+Every call follows ``docs/weknora-contract.md`` (facts cited as Cnn): hybrid-search by POST,
+or GET where POST is not routed (C15); chunk listings paged to ``total`` with every
+searchable chunk type (C52); chat sessions titled and created by ``POST /api/v1/sessions``
+(C58), chat with ``disable_title`` (C60/C61), the stream read as gin writes it (C62-C65).
+
 Failures raise the :class:`~weknora_nb.core.errors.RequestFailed` kinds (``kind`` is the
 status the results table records: connect, timeout, auth, not_found, bad_request,
-rate_limited, server, protocol).
+rate_limited, server, protocol); :mod:`weknora_nb.collect.envelope` reads WeKnora's error
+shapes into them, with the envelope's code and message.
 
 Retries (exponential backoff with full jitter, ``Retry-After`` honoured) on connection
 errors, timeouts, 429 and 5xx; never on other 4xx or protocol errors.
@@ -14,6 +20,7 @@ The API key is read from the environment (``WEKNORA_API_KEY`` by default) and se
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import numbers
@@ -21,35 +28,35 @@ import os
 import random
 import re
 import ssl
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from weknora_nb.collect.envelope import route_missing, unwrap
 from weknora_nb.core.errors import (
     AuthFailed,
-    BadRequest,
     ConnectFailed,
-    NotFound,
     ProtocolFailed,
-    RateLimited,
     RequestFailed,
     RequestTimeout,
     ServerFailed,
     UsageError,
 )
+from weknora_nb.core.weknora import SEARCHABLE_CHUNK_TYPES
 
-__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult",
-           "redact_url", "API_KEY_ENV"]
+__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult", "Listing", "redact_url", "API_KEY_ENV", "MAX_PAGES"]
 
 log = logging.getLogger(__name__)
 
 API_KEY_ENV = "WEKNORA_API_KEY"
 TENANT_ENV = "WEKNORA_TENANT_ID"
+#: C65: an inline citation ``<kb doc="TITLE" chunk_id="ID" kb_id="KB" />`` (attributes HTML-escaped)
 _CITATION = re.compile(r"<kb\b[^>]*?chunk_id=\"([^\"]+)\"[^>]*/?>")
+#: the most pages :meth:`WeKnoraClient.all_pages` asks for (a guard against a server that never ends)
+MAX_PAGES = 10_000
 _T = TypeVar("_T")
 
 
@@ -127,15 +134,38 @@ def _shown_url(url: Any) -> Any:
 
 @dataclass
 class ChatResult:
-    """What the chat stream gave: the references list, the answer text and its inline citations."""
+    """What a chat stream gave: its references, the answer text, its inline citations, the session it ran in."""
 
     references: list[dict[str, Any]]
     answer: str
     citations: list[str]
+    session_id: str | None = None
+
+
+@dataclass
+class Listing:
+    """Every item of a paged list (C9: ``total``, ``page``, ``page_size``), and how the paging ended.
+
+    ``total`` is the server's count (None when it sent none); ``complete`` is False when the
+    server stopped giving new items before ``total`` was reached.
+    """
+
+    items: list[dict[str, Any]]
+    total: int | None
+    pages: int
+
+    @property
+    def complete(self) -> bool:
+        return self.total is None or len(self.items) >= self.total
 
 
 class WeKnoraClient:
-    """Async client; use as ``async with WeKnoraClient(settings) as c: ...``."""
+    """Async client; use as ``async with WeKnoraClient(settings) as c: ...``.
+
+    State kept for the run: :attr:`hybrid_method` (the method hybrid-search answers to once
+    known, C15) and :attr:`sessions` (the ids of the chat sessions this client created, C58,
+    for the collector to delete at the end).
+    """
 
     def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None,
                  ssl_context: ssl.SSLContext | None = None):
@@ -144,8 +174,11 @@ class WeKnoraClient:
         self._rng = rng or random.Random()
         headers = {"X-API-Key": settings.api_key(), "Accept": "application/json", **settings.extra_headers}
         tenant = settings.tenant_id or os.environ.get(TENANT_ENV)
-        if tenant:
-            headers["X-Tenant-ID"] = str(tenant)
+        self.tenant_id: str | None = str(tenant) if tenant else None
+        if self.tenant_id:
+            headers["X-Tenant-ID"] = self.tenant_id
+        self.hybrid_method: str | None = None
+        self.sessions: list[str] = []
         self._http = httpx.AsyncClient(
             base_url=settings.base_url.rstrip("/"), headers=headers,
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
@@ -162,62 +195,140 @@ class WeKnoraClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    # -- the endpoints ------------------------------------------------------------------
+    # -- search ---------------------------------------------------------------------------
     async def hybrid_search(self, kb_id: str, query_text: str, **params: Any) -> list[dict[str, Any]]:
-        """``POST /api/v1/knowledge-bases/{kb_id}/hybrid-search``: raw recall before rerank."""
+        """``/api/v1/knowledge-bases/{kb_id}/hybrid-search``: raw recall before rerank (C15-C25).
+
+        POST first; when the server has no POST route (v0.6.2 routes GET only and gin answers
+        a plain 404, C14/C15) the same JSON body goes by GET. The method that worked is kept in
+        :attr:`hybrid_method` and used from then on. ``data: null`` (no hit, C25) is an empty list.
+        """
+        path = f"/api/v1/knowledge-bases/{kb_id}/hybrid-search"
         body = {"query_text": query_text, **params}
-        return _as_list(await self.request("POST", f"/api/v1/knowledge-bases/{kb_id}/hybrid-search", body))
+        if self.hybrid_method is not None:
+            return _as_list(await self.request(self.hybrid_method, path, body))
+        try:
+            data = await self.request("POST", path, body)
+        except RequestFailed as exc:
+            if not route_missing(exc):
+                raise
+            log.info("hybrid-search has no POST route here (WeKnora <= v0.6.2, C15): using GET")
+            data = await self.request("GET", path, body)
+            self.hybrid_method = "GET"
+        else:
+            self.hybrid_method = self.hybrid_method or "POST"
+        return _as_list(data)
 
     async def knowledge_search(self, kb_ids: list[str], query: str, **params: Any) -> list[dict[str, Any]]:
-        """``POST /api/v1/knowledge-search``: search, rerank, merge and top-k, without the LLM."""
+        """``POST /api/v1/knowledge-search``: search, rerank, merge and top-k, without the LLM (C27-C44)."""
         body = {"query": query, "knowledge_base_ids": list(kb_ids), **params}
         return _as_list(await self.request("POST", "/api/v1/knowledge-search", body))
 
-    async def chat(self, kb_ids: list[str], query: str, **params: Any) -> ChatResult:
-        """Create a session, read the chat stream to its ``complete`` event."""
+    async def faq_search(self, kb_id: str, query_text: str, **params: Any) -> list[dict[str, Any]]:
+        """``POST /api/v1/knowledge-bases/{kb_id}/faq/search``: FAQ entries (C45/C46; ``chunk_id``, ``score``,
+        ``matched_question``)."""
+        body = {"query_text": query_text, **params}
+        return _as_list(await self.request("POST", f"/api/v1/knowledge-bases/{kb_id}/faq/search", body))
+
+    # -- chat -----------------------------------------------------------------------------
+    async def chat(self, kb_ids: list[str], query: str, *, title: str = "weknora-nb", **params: Any) -> ChatResult:
+        """A new session (titled, so no title is generated), then the chat stream read to its end (C58-C65).
+
+        ``disable_title`` is always sent (C60/C61: without it the first message of an untitled
+        session costs an extra LLM call). Each attempt creates its own session; all are in
+        :attr:`sessions`.
+        """
         async def once() -> ChatResult:
-            session = await self.request("POST", "/api/v1/sessions", {"knowledge_base_id": kb_ids[0]},
-                                         retry=False)
-            sid = session.get("id") if isinstance(session, dict) else None
-            if not sid:
-                raise ProtocolFailed("session creation returned no id")
-            return await self._chat_stream(sid, {"query": query, "knowledge_base_ids": list(kb_ids), **params})
+            sid = await self.create_session(title)
+            body = {"query": query, "knowledge_base_ids": list(kb_ids), "disable_title": True, **params}
+            result = await self._chat_stream(sid, body)
+            result.session_id = sid
+            return result
         return await self._with_retries(once)
 
+    async def create_session(self, title: str, description: str = "created by weknora-nb") -> str:
+        """``POST /api/v1/sessions`` (C58: body title and description only; answers 201); the new session's id."""
+        session = await self.request("POST", "/api/v1/sessions", {"title": title, "description": description},
+                                     retry=False)
+        sid = session.get("id") if isinstance(session, dict) else None
+        if not sid:
+            raise ProtocolFailed("POST /api/v1/sessions: the session returned has no id")
+        self.sessions.append(str(sid))
+        return str(sid)
+
+    async def delete_session(self, session_id: str) -> None:
+        """``DELETE /api/v1/sessions/{id}`` (C59; the answer has no ``data``, C10)."""
+        await self.request("DELETE", f"/api/v1/sessions/{session_id}", envelope=True)
+
+    # -- configuration and inventory ------------------------------------------------------
     async def retrieval_config(self) -> dict[str, Any]:
-        """``GET /api/v1/tenants/kv/retrieval-config``."""
+        """``GET /api/v1/tenants/kv/retrieval-config``: the stored config, zeros when never saved (C57)."""
         data = await self.request("GET", "/api/v1/tenants/kv/retrieval-config")
         if not isinstance(data, dict):
             raise ProtocolFailed("retrieval-config: data is not an object")
         return data
 
-    async def list_knowledge(self, kb_id: str, page_size: int = 100) -> list[dict[str, Any]]:
-        """Every knowledge (document) of a knowledge base, all pages."""
-        return await self._all_pages(f"/api/v1/knowledge-bases/{kb_id}/knowledge", page_size)
+    async def system_info(self) -> dict[str, Any]:
+        """``GET /api/v1/system/info``: version and engines (C56), from its ``{code, msg, data}`` envelope (C10)."""
+        body = await self.request("GET", "/api/v1/system/info", envelope=True)
+        data = body.get("data")
+        if body.get("code", 0) != 0 or not isinstance(data, dict):
+            raise ProtocolFailed(f"system/info: code {body.get('code')!r}, data not an object: {str(body)[:200]}")
+        return data
 
-    async def list_chunks(self, knowledge_id: str, page_size: int = 200) -> list[dict[str, Any]]:
-        """Every chunk of a knowledge, all pages."""
-        return await self._all_pages(f"/api/v1/chunks/{knowledge_id}", page_size)
+    async def knowledge_base(self, kb_id: str) -> dict[str, Any]:
+        """``GET /api/v1/knowledge-bases/{kb_id}``: the knowledge base object (C49); NotFound code 1003 (C26)."""
+        data = await self.request("GET", f"/api/v1/knowledge-bases/{kb_id}")
+        if not isinstance(data, dict):
+            raise ProtocolFailed(f"knowledge-bases/{kb_id}: data is not an object")
+        return data
 
-    # -- plumbing -----------------------------------------------------------------------
-    async def _all_pages(self, path: str, page_size: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        page = 1
-        while True:
-            body = await self.request("GET", path, params={"page": page, "page_size": page_size}, envelope=True)
-            items = _as_list(body.get("data"))
-            out.extend(items)
-            total = body.get("total")
-            if not items or (isinstance(total, int) and len(out) >= total) or len(items) < page_size:
-                return out
+    async def list_knowledge(self, kb_id: str, page_size: int = 1000) -> Listing:
+        """Every knowledge (document) of a knowledge base (C50: ``page_size`` above 1000 is a 400)."""
+        return await self.all_pages(f"/api/v1/knowledge-bases/{kb_id}/knowledge", min(page_size, 1000))
+
+    async def list_chunks(self, knowledge_id: str, page_size: int = 100,
+                          chunk_types: Sequence[str] = SEARCHABLE_CHUNK_TYPES) -> Listing:
+        """Every chunk of a knowledge of the given types (C52: pages of at most 100; ``chunk_type``
+        repeated, else only ``text`` chunks come back)."""
+        return await self.all_pages(f"/api/v1/chunks/{knowledge_id}", page_size,
+                                    {"chunk_type": list(chunk_types)} if chunk_types else None)
+
+    async def all_pages(self, path: str, page_size: int, params: dict[str, Any] | None = None) -> Listing:
+        """Page 1, 2, ... of a paged list until ``total`` items arrived, whatever page size the server applies.
+
+        Stops safely when a page brings no item not seen before (an empty page, or the same page
+        again: a server whose ``total`` counts more than it lists), or, without ``total``, at a
+        page shorter than the page size the server says it used; never after :data:`MAX_PAGES`.
+        """
+        items: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        total: int | None = None
+        page = 0
+        while page < MAX_PAGES:
             page += 1
+            body = await self.request("GET", path, params={**(params or {}), "page": page, "page_size": page_size},
+                                      envelope=True)
+            got = _as_list(body.get("data"))
+            total = _int_or_none(body.get("total"))
+            new = [x for x in got if x.get("id") is None or str(x["id"]) not in seen]
+            seen.update(str(x["id"]) for x in new if x.get("id") is not None)
+            items += new
+            if not new or (total is not None and len(items) >= total):
+                break
+            if total is None and len(got) < (_int_or_none(body.get("page_size")) or page_size):
+                break
+        if total is not None and len(items) < total:
+            log.warning("%s: the server lists %d of the %d items its total counts", path, len(items), total)
+        return Listing(items, total, page)
 
+    # -- plumbing -------------------------------------------------------------------------
     async def request(self, method: str, path: str, json_body: Any = None, *, params: dict | None = None,
                       retry: bool = True, envelope: bool = False) -> Any:
         """One call with retries; returns the envelope's ``data`` (or the whole envelope)."""
         async def once() -> Any:
             resp = await self._send(method, path, json_body, params)
-            return _unwrap(resp, envelope=envelope)
+            return unwrap(resp, envelope=envelope, tenant_id=self.tenant_id)
         return await (self._with_retries(once) if retry else once())
 
     async def _send(self, method: str, path: str, json_body: Any, params: dict | None) -> httpx.Response:
@@ -229,36 +340,42 @@ class WeKnoraClient:
             raise ConnectFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
     async def _chat_stream(self, sid: str, body: dict[str, Any]) -> ChatResult:
+        """Read ``POST /api/v1/knowledge-chat/{sid}``'s events (C62/C63) into a :class:`ChatResult`.
+
+        Ends at ``complete`` once the references arrived, else at the end of the stream (at
+        v0.6.2 the references may follow the answer, C64; no references event: none found).
+        An ``error`` event is a :class:`ServerFailed`; a stream that ends before ``complete``
+        a :class:`ProtocolFailed`.
+        """
         path = f"/api/v1/knowledge-chat/{sid}"
         refs: list[dict[str, Any]] | None = None
         answer: list[str] = []
+        completed = False
         try:
             async with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
-                    _unwrap(resp)
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    try:
-                        ev = json.loads(line[5:].strip())
-                    except ValueError as exc:
-                        raise ProtocolFailed(f"{path}: an SSE data line is not JSON") from exc
+                    unwrap(resp, tenant_id=self.tenant_id)
+                async for ev in _sse_events(resp, path):
                     kind = ev.get("response_type")
                     if kind == "references":
                         refs = _as_list(ev.get("knowledge_references") or [])
                     elif kind == "answer":
                         answer.append(str(ev.get("content") or ""))
-                    elif kind == "complete":
-                        text = "".join(answer)
-                        return ChatResult(refs or [], text, _CITATION.findall(text))
                     elif kind == "error":
                         raise ServerFailed(f"{path}: stream error event: {str(ev.get('content'))[:200]}")
+                    elif kind == "complete":
+                        completed = True
+                    if completed and refs is not None:
+                        break
         except httpx.TimeoutException as exc:
             raise RequestTimeout(f"POST {path}: timed out") from exc
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise ProtocolFailed(f"POST {path}: stream broken: {type(exc).__name__}") from exc
-        raise ProtocolFailed(f"POST {path}: stream ended before its 'complete' event")
+        if not completed:
+            raise ProtocolFailed(f"POST {path}: stream ended before its 'complete' event")
+        text = "".join(answer)
+        return ChatResult(refs or [], text, [html.unescape(c) for c in _CITATION.findall(text)])
 
     async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
         """``call()`` up to ``max_attempts`` times while it fails retryably, sleeping between attempts.
@@ -284,7 +401,22 @@ class WeKnoraClient:
                 attempt += 1
 
 
+async def _sse_events(resp: httpx.Response, path: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an SSE stream's ``data:`` lines (C62: gin writes ``data:`` with no space;
+    one with a space is read too); other lines (``event:message``, blank lines) are skipped."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        try:
+            ev = json.loads(line[5:].strip())
+        except ValueError as exc:
+            raise ProtocolFailed(f"{path}: an SSE data line is not JSON") from exc
+        if isinstance(ev, dict):
+            yield ev
+
+
 def _as_list(data: Any) -> list[dict[str, Any]]:
+    """``data`` as a list of objects (``null`` is an empty list, C25); anything else a ProtocolFailed."""
     if data is None:
         return []
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
@@ -292,52 +424,5 @@ def _as_list(data: Any) -> list[dict[str, Any]]:
     return data
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return None
-
-
-def _unwrap(resp: httpx.Response, *, envelope: bool = False) -> Any:
-    """WeKnora's envelope to data, or the exception for its failure kind."""
-    status = resp.status_code
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if status >= 400:
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict):
-            code, msg = err.get("code"), str(err.get("message", ""))
-        else:  # the auth middleware's bare {"error": "..."} or a non-JSON error page
-            code, msg = None, str(err if err is not None else resp.text[:200])
-        where = f"{resp.request.method} {resp.request.url.path}"
-        text = f"{where}: HTTP {status}: {msg}"
-        if status in (401, 403):
-            raise AuthFailed(text, status=status, code=code)
-        if status == 404:
-            raise NotFound(text, status=status, code=code)
-        if status == 429:
-            raise RateLimited(text, status=status, code=code, retry_after=_retry_after(resp))
-        if status >= 500:
-            raise ServerFailed(text, status=status, code=code)
-        raise BadRequest(text, status=status, code=code)
-    if not isinstance(body, dict):
-        raise ProtocolFailed(f"{resp.request.method} {resp.request.url.path}: HTTP {status} but the body is not "
-                             "a JSON object", status=status)
-    if body.get("success") is False:
-        err = body.get("error") or {}
-        raise ProtocolFailed(f"HTTP {status} with success=false: {str(err)[:200]}", status=status)
-    if "data" not in body and not envelope:
-        raise ProtocolFailed(f"{resp.request.method} {resp.request.url.path}: no 'data' in the envelope",
-                             status=status)
-    return body if envelope else body["data"]
+def _int_or_none(x: Any) -> int | None:
+    return int(x) if isinstance(x, numbers.Integral) and not isinstance(x, bool) else None

@@ -2,24 +2,39 @@
 
 A run folder (``outputs/runs/<name>/``) holds:
 
-- ``manifest.json``    what was run against what (never the API key), counts, times;
+- ``manifest.json``    what was run against what (never the API key), what the server said
+  about itself, counts, times;
 - ``checkpoint.jsonl`` one line per finished request, appended as it completes
   (:mod:`weknora_nb.collect.checkpoint`);
 - ``results.parquet``  the results table (see :mod:`weknora_nb.core.results`), compiled from
   the checkpoint at the end;
-- ``chunks.parquet``   the knowledge base's chunk inventory (ids, positions, content);
+- ``chunks.parquet``   the knowledge bases' chunk inventory (:mod:`weknora_nb.collect.inventory`);
 - ``answers.jsonl``    the answers and their inline citations of the stages on the chat endpoint.
 
 ``latency_ms`` is the wall time of a request as the collector saw it, retries and their
 back-off included (a request that needed a retry is slower for the user too).
 
-The pipeline (:func:`collect_async`): check the arguments; open or resume the run folder
-(refusing a different run); read the retrieval config; plan every (query, stage, repeat)
-not yet done; warm up (requests not recorded); run the requests, repeat by repeat, by a
-bounded pool of workers; write the chunk inventory; compile the results; write the final
-manifest. A crash, a kill -9 or Ctrl-C loses at most the requests in flight; running again
-with ``resume=True`` skips what is done and never writes a duplicate: the checkpoint keeps
-one final record per request (a retried failure is replaced by its new outcome).
+The pipeline (:func:`collect_async`): check the arguments and the test set; ask the server
+about its knowledge bases, version and retrieval config (:mod:`weknora_nb.collect.preflight`:
+a missing knowledge base or a refused key stops here, before anything is written); fit the
+stages to FAQ knowledge bases; open or resume the run folder (refusing a different run); plan
+every (query, stage, repeat) not yet done; probe each endpoint once (a refused key or missing
+capability stops here; hybrid-search's method is settled, docs/weknora-contract.md C15); warm
+up (requests not recorded); run the requests, repeat by repeat, by a bounded pool of workers;
+write the chunk inventory; delete the chat sessions the run created (C58/C59); compile the
+results; write the final manifest. A crash, a kill -9 or Ctrl-C loses at most the requests in
+flight; running again with ``resume=True`` skips what is done and never writes a duplicate:
+the checkpoint keeps one final record per request (a retried failure is replaced by its new
+outcome). An auth failure in the middle (a key revoked) stops the collection: the manifest
+says ``stopped`` and the run can be resumed.
+
+Manifest keys about the server: ``server`` (``GET /api/v1/system/info``, C56, or
+``{"error"}``), ``knowledge_bases`` (each one's configuration, C49), ``retrieval_config``
+(``raw`` as read and ``effective`` as WeKnora applies it, C30/C57), ``system`` (the user's
+description merged over the server's) with ``system_sources``, ``stages.<name>.settings_source``
+and, for hybrid-search, ``stages.<name>.method``; ``sessions`` (created, deleted, kept) and
+``notes`` (what a reader of the figures must know: stages dropped or added, final and
+citations running different settings, no inline citations, escaped content).
 
 File I/O never runs on the event loop: the checkpoint is appended by a thread of its own,
 the other files are read and written in worker threads (``asyncio.to_thread``).
@@ -49,8 +64,11 @@ import pandas as pd
 from weknora_nb._version import __version__
 from weknora_nb.collect.checkpoint import CheckpointWriter, Records, read_checkpoint
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient, redact_url
+from weknora_nb.collect.inventory import take_inventory
+from weknora_nb.collect.preflight import ServerFacts, adapt_stages, read_server, system_description
+from weknora_nb.collect.sessions import delete_sessions
 from weknora_nb.collect.stages import DEFAULT_SELECTION, Stage, resolve_stages
-from weknora_nb.core.errors import RequestFailed, RunExistsError, UsageError
+from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, UsageError
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.results import write_results
 from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS, read_manifest
@@ -65,6 +83,8 @@ LANE_SIZE = 8
 
 #: the manifest's parts that must not change when a run is resumed
 _COMPARED = ("target", "testset", "stages", "repeats")
+#: what defines a stage (the rest of a manifest's stage entry is what the run found out)
+_STAGE_DEFINITION = ("endpoint", "params", "keep_match_types")
 
 
 @dataclass
@@ -101,7 +121,7 @@ class RunSummary:
 
 @dataclass(frozen=True)
 class _Arguments:
-    """The checked arguments of a collection."""
+    """The checked arguments of a collection (``stages`` fitted to the knowledge bases once known)."""
 
     settings: ClientSettings
     kb_ids: list[str]
@@ -109,6 +129,9 @@ class _Arguments:
     repeats: int
     concurrency: int
     warmup: int
+    default_stages: bool = False  # no stages were asked for: the defaults, fitted to the knowledge bases
+    faq_kb_ids: tuple[str, ...] = ()  # the knowledge bases of type faq (searched by faq-search stages)
+    session_title: str = "weknora-nb"  # the title of the chat sessions the run creates
 
 
 @dataclass
@@ -140,10 +163,11 @@ class _Request(NamedTuple):
 
 
 async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, testset: TestSet | str | Path,
-                        out: str | Path, *, stages: str | Sequence[str | Stage] = DEFAULT_SELECTION,
+                        out: str | Path, *, stages: str | Sequence[str | Stage] | None = None,
                         repeats: int = 3, concurrency: int = 8, warmup: int = 5, system: dict | None = None,
                         resume: bool = False, retry_failed: bool = False, inventory: bool = True,
-                        progress: bool = True, run_name: str | None = None) -> RunSummary:
+                        progress: bool = True, run_name: str | None = None,
+                        keep_sessions: bool = False) -> RunSummary:
     """Collect every (query, stage, repeat) into the run folder ``out``; see the module docstring.
 
     Parameters
@@ -152,30 +176,46 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
         Base URL, timeouts, retries; the key comes from ``settings.api_key_env``.
     kb_ids : knowledge base id(s).
     testset : TestSet or path.
-    stages : names ("hybrid,final"), or Stage objects.
+    stages : names ("hybrid,final"), or Stage objects; None: the default stages
+        (:data:`~weknora_nb.collect.stages.DEFAULT_SELECTION`), fitted to FAQ knowledge bases.
     repeats, concurrency, warmup : N repeats (>= 1), requests in flight (>= 1), warm-up queries per stage (>= 0).
-    system : the user's system description (chunking, embedding model, index, thresholds, ...).
+    system : the user's system description (chunking, embedding model, index, thresholds, ...),
+        merged over what the server says.
     resume : continue a run in ``out``; without it an existing run is refused.
     retry_failed : with ``resume``, request again what failed before.
-    inventory : also fetch the knowledge base's chunk list into ``chunks.parquet``.
+    inventory : also fetch the knowledge bases' chunk list into ``chunks.parquet``.
     progress : show a progress bar; run_name : the manifest's name (default: the folder's name).
+    keep_sessions : keep the chat sessions the run created (default: deleted at the end).
 
-    Raises :class:`~weknora_nb.core.errors.UsageError` for an argument out of range,
-    :class:`~weknora_nb.core.errors.RunExistsError` for a run folder that holds a run (without
-    ``resume``) or a different run, :class:`~weknora_nb.core.errors.AuthFailed` without an API key.
+    Raises :class:`~weknora_nb.core.errors.UsageError` for an argument out of range (or a keyword
+    stage asked for on FAQ knowledge bases only), :class:`~weknora_nb.core.errors.RunExistsError`
+    for a run folder that holds a run (without ``resume``) or a different run,
+    :class:`~weknora_nb.core.errors.NotFound` for a knowledge base the server does not have,
+    :class:`~weknora_nb.core.errors.AuthFailed` without an API key or when the server refuses it
+    (the message says why: platform key without tenant, wrong tenant, missing capability).
     """
     t_start = time.perf_counter()
     args = _checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup)
-    run = await asyncio.to_thread(_open_run, args, testset, out, system, resume, run_name)
+    ts, testset_path = await asyncio.to_thread(_load_testset, testset)
+    _refuse_used_folder(Path(out), resume)
     async with _lanes(args) as lanes:
-        run.manifest["retrieval_config"] = await _retrieval_config(lanes[0])
+        facts = await read_server(lanes[0], args.kb_ids)
+        args, notes = _fit_stages(args, facts, run_name or Path(out).name)
+        run = await asyncio.to_thread(_open_run, args, ts, testset_path, out, (system, facts, notes), resume,
+                                      run_name)
         await asyncio.to_thread(_write_json_atomic, run.manifest_path, run.manifest)
-        todo, n_skipped = _plan(args, run, retry_failed)
-        if todo:
-            await _warm_up(lanes[0], args, run.queries[:args.warmup])
-        request_seconds = await _run_requests(lanes, args, run, todo, progress) if todo else 0.0
-        if inventory:
-            run.manifest["inventory"] = await _take_inventory(lanes[0], args.kb_ids, run.run_dir / CHUNKS)
+        try:
+            todo, n_skipped, request_seconds = await _collect_requests(lanes, args, run, retry_failed, progress)
+            if inventory:
+                run.manifest["inventory"] = await take_inventory(
+                    lanes[0], args.kb_ids, run.run_dir / CHUNKS, server_version=facts.version,
+                    in_flight=min(LANE_SIZE, args.concurrency))
+        except AuthFailed as exc:
+            await _close_sessions(run, lanes, keep_sessions)
+            await asyncio.to_thread(_write_stopped_manifest, run, exc)
+            raise
+        await _close_sessions(run, lanes, keep_sessions)
+        _record_findings(run, args, lanes)
     await asyncio.to_thread(_write_results, args, run)
     counts, failed = _tally(run.done, args.stages)
     await asyncio.to_thread(_write_final_manifest, run, counts, failed)
@@ -185,9 +225,10 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     return summary
 
 
-# -- step 1: the arguments ----------------------------------------------------------------
-def _checked_arguments(settings: ClientSettings, kb_ids: list[str] | str, stages: str | Sequence[str | Stage],
-                       repeats: int, concurrency: int, warmup: int) -> _Arguments:
+# -- step 1: the arguments and the test set ---------------------------------------------
+def _checked_arguments(settings: ClientSettings, kb_ids: list[str] | str,
+                       stages: str | Sequence[str | Stage] | None, repeats: int, concurrency: int,
+                       warmup: int) -> _Arguments:
     """The arguments checked and normalised; :class:`UsageError` names the first one that is not allowed."""
     for argument, value, minimum in (("--repeats", repeats, 1), ("--concurrency", concurrency, 1),
                                      ("--warmup", warmup, 0)):
@@ -196,46 +237,95 @@ def _checked_arguments(settings: ClientSettings, kb_ids: list[str] | str, stages
     ids = [kb_ids] if isinstance(kb_ids, str) else list(kb_ids)
     if not ids or not all(isinstance(k, str) and k for k in ids):
         raise UsageError(argument="--kb-id", allowed="one or more non-empty knowledge base ids", got=kb_ids)
-    return _Arguments(settings, ids, resolve_stages(stages), int(repeats), int(concurrency), int(warmup))
+    chosen = resolve_stages(DEFAULT_SELECTION if stages is None else stages)
+    return _Arguments(settings, ids, chosen, int(repeats), int(concurrency), int(warmup),
+                      default_stages=stages is None)
 
 
-# -- step 2: the run folder ---------------------------------------------------------------
-def _open_run(args: _Arguments, testset: TestSet | str | Path, out: str | Path, system: dict | None,
-              resume: bool, run_name: str | None) -> _Run:
-    """Load the test set, create or reopen the run folder and read what its checkpoint holds.
+def _load_testset(testset: TestSet | str | Path) -> tuple[TestSet, str | None]:
+    """The test set, and the path it was read from (None for a TestSet object). Blocking."""
+    if isinstance(testset, TestSet):
+        return testset, None
+    return load_testset(testset), str(testset)
 
+
+def _refuse_used_folder(run_dir: Path, resume: bool) -> None:
+    """:class:`RunExistsError` when ``run_dir`` holds a run and ``resume`` was not asked for."""
+    if not resume and ((run_dir / MANIFEST).exists() or (run_dir / CHECKPOINT).exists()):
+        raise RunExistsError(f"{run_dir} already holds a run; pass resume=True (--resume) to continue it, "
+                             "or choose another output folder")
+
+
+# -- step 2: what the server says, the stages fitted, the run folder ---------------------
+def _fit_stages(args: _Arguments, facts: ServerFacts, run_name: str) -> tuple[_Arguments, list[str]]:
+    """The arguments with the stages fitted to the knowledge bases' types (:func:`adapt_stages`),
+    the FAQ knowledge bases and the sessions' title; and the notes the manifest records."""
+    stages, notes = adapt_stages(args.stages, defaults=args.default_stages, kb_types=facts.kb_types)
+    faq = tuple(kb for kb, t in facts.kb_types.items() if t == "faq")
+    endpoints = {s.endpoint for s in stages}
+    if "chat" in endpoints and "knowledge-search" in endpoints:
+        notes.append("final and citations run different settings: knowledge-search runs the tenant retrieval "
+                     "config (C29), chat the server's config.yaml conversation settings with query rewrite and "
+                     "history (C66); a difference between them is not one variable")
+    return replace(args, stages=stages, faq_kb_ids=faq, session_title=f"weknora-nb {run_name}"), facts.notes + notes
+
+
+def _open_run(args: _Arguments, testset: TestSet, testset_path: str | None, out: str | Path,
+              described: tuple[dict | None, ServerFacts, list[str]], resume: bool, run_name: str | None) -> _Run:
+    """Create or reopen the run folder and read what its checkpoint holds.
+
+    ``described`` is (the user's system description, what the server said, the notes so far).
     A folder that holds a run is refused unless ``resume``; a resumed run must have the same
-    target, test set, stages and repeats (:data:`_COMPARED`). Blocking: run in a worker thread.
+    target, test set, stage definitions and repeats (:data:`_COMPARED`). Blocking: run in a
+    worker thread.
     """
-    testset_path = None
-    if not isinstance(testset, TestSet):
-        testset_path = str(testset)
-        testset = load_testset(testset)
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     name = run_name or run_dir.name
-    base = _manifest_base(args, testset, testset_path, name, system)
+    base = _manifest_base(args, testset, testset_path, name, described)
     previous = read_manifest(run_dir) if (run_dir / MANIFEST).exists() else None
-    if (previous or (run_dir / CHECKPOINT).exists()) and not resume:
-        raise RunExistsError(f"{run_dir} already holds a run; pass resume=True (--resume) to continue it, "
-                             "or choose another output folder")
+    _refuse_used_folder(run_dir, resume)
     if previous:
-        changed = [k for k in _COMPARED if json.dumps(previous.get(k), sort_keys=True)
-                   != json.dumps(base.get(k), sort_keys=True)]
+        changed = [k for k in _COMPARED if json.dumps(_comparable(previous, k), sort_keys=True)
+                   != json.dumps(_comparable(base, k), sort_keys=True)]
         if changed:
             raise RunExistsError(f"{run_dir} holds a different run (changed: {', '.join(changed)}); "
                                  "resume only with the same target, test set, stages and repeats")
     done = read_checkpoint(run_dir / CHECKPOINT)
     manifest = {**base, "status": "running", "started_at": (previous or {}).get("started_at") or _now(),
                 "resumed_at": [*(previous or {}).get("resumed_at", []), _now()] if previous else []}
+    if previous:
+        _carry_over(previous, manifest)
     queries = [(q, t) for q, t in testset.queries[["query_id", "query"]].itertuples(index=False)]
     return _Run(run_dir, name, queries, manifest, done)
 
 
+def _carry_over(previous: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """What a resumed run keeps from its earlier collections: the sessions counted and each hybrid-search
+    stage's method (a resumed run with nothing left to request sends none)."""
+    if previous.get("sessions"):
+        manifest["sessions"] = previous["sessions"]
+    for name, stage in manifest["stages"].items():
+        method = ((previous.get("stages") or {}).get(name) or {}).get("method")
+        if method:
+            stage["method"] = method
+
+
+def _comparable(manifest: dict[str, Any], key: str) -> Any:
+    """The part ``key`` of a manifest as a resumed run must repeat it (stages: their definitions only)."""
+    value = manifest.get(key)
+    if key == "stages" and isinstance(value, dict):
+        return {n: {k: d.get(k) for k in _STAGE_DEFINITION} for n, d in value.items() if isinstance(d, dict)}
+    return value
+
+
 def _manifest_base(args: _Arguments, testset: TestSet, testset_path: str | None, run_name: str,
-                   system: dict | None) -> dict[str, Any]:
-    """What a run is: target (never the key), test set, stages, repeats, concurrency, timeouts, system."""
+                   described: tuple[dict | None, ServerFacts, list[str]]) -> dict[str, Any]:
+    """What a run is: target (never the key), test set, stages, repeats, concurrency, timeouts, and what
+    the server said about itself (server, knowledge bases, retrieval config, the system description)."""
     settings = args.settings
+    user_system, facts, notes = described
+    system, sources = system_description(user_system, facts)
     return {
         "run_name": run_name,
         "workbench": {"name": "weknora-nb", "version": __version__, "python": platform.python_version()},
@@ -247,7 +337,8 @@ def _manifest_base(args: _Arguments, testset: TestSet, testset_path: str | None,
         "repeats": args.repeats, "concurrency": args.concurrency, "warmup": args.warmup,
         "timeouts": {"read_s": settings.timeout_s, "connect_s": settings.connect_timeout_s,
                      "max_attempts": settings.max_attempts},
-        "system": system,
+        "server": facts.server, "knowledge_bases": facts.knowledge_bases, "retrieval_config": facts.retrieval_config,
+        "system": system, "system_sources": sources, "notes": list(notes),
     }
 
 
@@ -267,13 +358,16 @@ async def _lanes(args: _Arguments) -> AsyncIterator[list[WeKnoraClient]]:
         yield [await stack.enter_async_context(WeKnoraClient(per_lane, ssl_context=tls)) for _ in range(n_lanes)]
 
 
-# -- steps 3 to 5: retrieval config, plan, warm-up ---------------------------------------
-async def _retrieval_config(client: WeKnoraClient) -> dict[str, Any]:
-    """The tenant's retrieval config, or ``{"unavailable": "<kind>: <message>"}``."""
-    try:
-        return await client.retrieval_config()
-    except RequestFailed as exc:
-        return {"unavailable": f"{exc.kind}: {exc}"}
+# -- steps 3 to 6: plan, probe, warm-up, requests ----------------------------------------
+async def _collect_requests(lanes: list[WeKnoraClient], args: _Arguments, run: _Run, retry_failed: bool,
+                            progress: bool) -> tuple[list[_Request], int, float]:
+    """Plan, probe, warm up and make the requests; (the requests made, those skipped, the request phase's seconds)."""
+    todo, n_skipped = _plan(args, run, retry_failed)
+    if not todo:
+        return todo, n_skipped, 0.0
+    await _probe(lanes, args, run.queries[0][1])
+    await _warm_up(lanes[0], args, run.queries[:args.warmup])
+    return todo, n_skipped, await _run_requests(lanes, args, run, todo, progress)
 
 
 def _plan(args: _Arguments, run: _Run, retry_failed: bool) -> tuple[list[_Request], int]:
@@ -291,12 +385,45 @@ def _is_done(record: dict[str, Any] | None, retry_failed: bool) -> bool:
     return record is not None and (record["status"] == "ok" or not retry_failed)
 
 
+async def _probe(lanes: list[WeKnoraClient], args: _Arguments, query: str) -> None:
+    """One request per endpoint of the stages, with ``query``, before anything is recorded (nothing of it is).
+
+    An :class:`AuthFailed` (a refused key, a wrong tenant, a missing capability) stops the
+    collection here instead of failing every request; hybrid-search's method (POST, or GET
+    on v0.6.2, C15) is settled and shared by every lane. The chat endpoint is probed by
+    creating a session (C58; deleted with the others at the end), so no answer is generated.
+    Other failures are left to the requests.
+    """
+    client = lanes[0]
+    probed: set[str] = set()
+    for stage in args.stages:
+        if stage.endpoint in probed:
+            continue
+        probed.add(stage.endpoint)
+        try:
+            if stage.endpoint == "chat":
+                await client.create_session(args.session_title)
+            else:
+                await _call(client, stage, args, query)
+        except AuthFailed:
+            raise
+        except RequestFailed as exc:
+            log.info("probing %s failed (%s); the requests will tell", stage.endpoint, exc)
+    for lane in lanes[1:]:
+        lane.hybrid_method = lane.hybrid_method or client.hybrid_method
+
+
 async def _warm_up(client: WeKnoraClient, args: _Arguments, queries: list[tuple[str, str]]) -> None:
-    """Send ``queries`` once per stage, one at a time, to warm the server's caches; nothing is recorded."""
+    """Send ``queries`` once per stage, one at a time, to warm the server's caches; nothing is recorded
+    (an :class:`AuthFailed` still stops the collection)."""
     for stage in args.stages:
         for _, text in queries:
-            with contextlib.suppress(RequestFailed):
-                await _call(client, stage, args.kb_ids, text)
+            try:
+                await _call(client, stage, args, text)
+            except AuthFailed:
+                raise
+            except RequestFailed:
+                pass
 
 
 # -- step 6: the requests -----------------------------------------------------------------
@@ -320,7 +447,7 @@ async def _run_requests(lanes: list[WeKnoraClient], args: _Arguments, run: _Run,
                 req = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            rec = await _request_record(client, req, args.kb_ids)
+            rec = await _request_record(client, req, args)
             ckpt.append(rec)
             run.done[(req.query_id, req.stage.name, req.repeat)] = rec
             if bar is not None:
@@ -347,38 +474,67 @@ def _progress_bar(total: int, name: str) -> Any:
     return tqdm(total=total, desc=f"collecting {name}", unit="req")
 
 
-async def _request_record(client: WeKnoraClient, req: _Request, kb_ids: list[str]) -> dict[str, Any]:
-    """Make one request; its checkpoint record: ok with its rows and latency, or the failure's kind."""
+async def _request_record(client: WeKnoraClient, req: _Request, args: _Arguments) -> dict[str, Any]:
+    """Make one request; its checkpoint record: ok with its rows and latency, or the failure's kind with its
+    message, HTTP status and envelope code (C11). An :class:`AuthFailed` is raised, not recorded."""
     rec: dict[str, Any] = {"query_id": req.query_id, "stage": req.stage.name, "repeat": req.repeat, "at": _now()}
     try:
         t0 = time.perf_counter()
-        items, extra = await _call(client, req.stage, kb_ids, req.text)
+        items, extra = await _call(client, req.stage, args, req.text)
         ms = (time.perf_counter() - t0) * 1000.0
-        rows, dropped = _rows(items, req.stage)
+        rows, dropped, questions = _rows(items, req.stage)
         rec.update(status="ok", latency_ms=round(ms, 3), rows=rows, n_dropped=dropped, **extra)
+        if questions:
+            rec["matched_questions"] = questions
+    except AuthFailed:
+        raise
     except RequestFailed as exc:
         rec.update(status=exc.kind, latency_ms=None, error=str(exc)[:500], rows=[])
+        if exc.status is not None:
+            rec["http_status"] = exc.status
+        if exc.code is not None:
+            rec["error_code"] = exc.code
     return rec
 
 
-async def _call(client: WeKnoraClient, stage: Stage, kb_ids: list[str],
+async def _call(client: WeKnoraClient, stage: Stage, args: _Arguments,
                 query: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One request at ``stage``'s endpoint: its result objects, and for chat its answer and citations."""
+    """One request at ``stage``'s endpoint: its result objects, and for chat its answer, citations, session."""
     params = stage.request_params()
+    kb_ids = args.kb_ids
     if stage.endpoint == "hybrid-search":
         if len(kb_ids) > 1:
             params.setdefault("knowledge_base_ids", kb_ids)
         return await client.hybrid_search(kb_ids[0], query, **params), {}
     if stage.endpoint == "knowledge-search":
         return await client.knowledge_search(kb_ids, query, **params), {}
-    chat = await client.chat(kb_ids, query, **params)
-    return chat.references, {"answer": chat.answer, "citations": chat.citations}
+    if stage.endpoint == "faq-search":
+        return await _faq_search(client, list(args.faq_kb_ids) or kb_ids, query, params), {}
+    chat = await client.chat(kb_ids, query, title=args.session_title, **params)
+    return chat.references, {"answer": chat.answer, "citations": chat.citations, "session_id": chat.session_id}
 
 
-def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], int]:
+async def _faq_search(client: WeKnoraClient, kb_ids: list[str], query: str,
+                      params: dict[str, Any]) -> list[dict[str, Any]]:
+    """FAQ search of each knowledge base (C45), its entries (C46) as result objects: ``id`` is the
+    entry's ``chunk_id``; with several knowledge bases, best score first (stable)."""
+    found = [{"id": e.get("chunk_id"), "score": e.get("score"), "knowledge_id": e.get("knowledge_id"),
+              "match_type": e.get("match_type"), "matched_question": e.get("matched_question")}
+             for kb in kb_ids for e in await client.faq_search(kb, query, **params)]
+    if len(kb_ids) > 1:
+        found.sort(key=lambda r: -(_float(r["score"]) or 0.0))
+    return found
+
+
+def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], int, list[Any]]:
     """Result objects to compact rows [rank, chunk_id, score, knowledge_id, chunk_index, match_type,
-    sub_chunk_ids, base_score, model_score]; rank = position among the kept (primary) results."""
+    sub_chunk_ids, base_score, model_score]; rank = position among the kept (primary) results.
+
+    Also how many were dropped (match types the stage does not keep) and, for FAQ entries, the
+    matched question of each row (an empty list when no result carries one).
+    """
     rows: list[list[Any]] = []
+    questions: list[Any] = []
     dropped = 0
     for it in items:
         mt = it.get("match_type")
@@ -389,7 +545,8 @@ def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], i
         rows.append([len(rows) + 1, str(it.get("id", "")), _float(it.get("score")), it.get("knowledge_id"),
                      it.get("chunk_index"), mt, list(it.get("sub_chunk_id") or []),
                      _float(meta.get("base_score")), _float(meta.get("model_score"))])
-    return rows, dropped
+        questions.append(it.get("matched_question"))
+    return rows, dropped, questions if any(q is not None for q in questions) else []
 
 
 def _float(x: Any) -> float | None:
@@ -399,29 +556,34 @@ def _float(x: Any) -> float | None:
         return None
 
 
-# -- step 7: the inventory ----------------------------------------------------------------
-async def _take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path) -> dict[str, Any]:
-    """Write the chunk inventory to ``path``; the manifest's ``inventory`` entry (counts, or why not)."""
-    try:
-        inv = await _inventory(client, kb_ids)
-    except RequestFailed as exc:
-        return {"unavailable": f"{exc.kind}: {exc}"}
-    await asyncio.to_thread(write_results, inv, path)  # any frame: an atomic Parquet write
-    return {"chunks": len(inv), "knowledge": int(inv["knowledge_id"].nunique()) if len(inv) else 0}
+# -- step 7: the sessions, and what the run found out ------------------------------------
+async def _close_sessions(run: _Run, lanes: list[WeKnoraClient], keep: bool) -> None:
+    """Delete the chat sessions the lanes created (unless ``keep``); counts into the manifest's ``sessions``."""
+    run.manifest["sessions"] = await delete_sessions(lanes, keep=keep, in_flight=LANE_SIZE,
+                                                     before=run.manifest.get("sessions"))
 
 
-async def _inventory(client: WeKnoraClient, kb_ids: list[str]) -> pd.DataFrame:
-    """Every chunk of every knowledge of the knowledge bases, one row each."""
-    rows = []
-    for kb in kb_ids:
-        for k in await client.list_knowledge(kb):
-            for c in await client.list_chunks(str(k["id"])):
-                rows.append({"chunk_id": str(c.get("id")), "knowledge_base_id": kb,
-                             "knowledge_id": str(c.get("knowledge_id", k["id"])),
-                             "knowledge_title": k.get("title"), "chunk_index": c.get("chunk_index"),
-                             "is_enabled": bool(c.get("is_enabled", True)), "content": c.get("content", "")})
-    return pd.DataFrame(rows, columns=["chunk_id", "knowledge_base_id", "knowledge_id", "knowledge_title",
-                                       "chunk_index", "is_enabled", "content"])
+def _record_findings(run: _Run, args: _Arguments, lanes: list[WeKnoraClient]) -> None:
+    """What the run found out, into the manifest: hybrid-search's method (C15), the inline citations of
+    chat stages (C65), HTML-escaped inventory content (C53), with a note for each a reader must know."""
+    stages, notes = run.manifest["stages"], run.manifest.setdefault("notes", [])
+    method = next((c.hybrid_method for c in lanes if c.hybrid_method), None)
+    for s in args.stages:
+        if s.endpoint == "hybrid-search" and method:
+            stages[s.name]["method"] = method
+        if s.endpoint == "chat":
+            answers = [r for (_, name, _), r in run.done.items() if name == s.name and r["status"] == "ok"]
+            with_citations = sum(1 for r in answers if r.get("citations"))
+            stages[s.name]["inline_citations"] = {"answers": len(answers), "with_citations": with_citations}
+            if answers and not with_citations:
+                notes.append(f"stage {s.name}: no inline citations in any answer (WeKnora writes them from v0.7.2, "
+                             "C65); its figures rest on the references event")
+    if any(d.get("method") == "GET" for d in stages.values()):
+        notes.append("hybrid-search is routed for GET only on this server (WeKnora v0.6.2, C15): sent by GET")
+    content = (run.manifest.get("inventory") or {}).get("content") or {}
+    if content.get("escaped"):
+        notes.append("the chunk listing returned HTML-escaped content (WeKnora up to v0.6.3, C53): the inventory "
+                     "holds it unescaped")
 
 
 # -- steps 8 to 10: results, manifest, summary -------------------------------------------
@@ -496,6 +658,12 @@ def _tally(done: Records, stages: list[Stage]) -> tuple[dict[str, dict[str, int]
             failed.append({"query_id": query_id, "stage": stage, "repeat": repeat, "status": rec["status"],
                            "error": rec.get("error")})
     return {s.name: counts.get(s.name, {"ok": 0}) for s in stages}, failed
+
+
+def _write_stopped_manifest(run: _Run, exc: AuthFailed) -> None:
+    """The manifest of a collection an auth failure stopped: status ``stopped``, why, end time. Blocking."""
+    run.manifest.update(status="stopped", stopped_by=f"{exc.kind}: {exc}"[:500], ended_at=_now())
+    _write_json_atomic(run.manifest_path, run.manifest)
 
 
 def _write_final_manifest(run: _Run, counts: dict[str, dict[str, int]], failed: list[dict[str, Any]]) -> None:

@@ -4,18 +4,24 @@ docs/method.md section 5: recall is measured at up to five points of one pipelin
 loss can be located (their order and roles: :data:`weknora_nb.core.pipeline.PIPELINE`) —
 ``vector`` and ``keyword`` (one path each), ``hybrid`` (both paths merged, before rerank),
 ``final`` (after rerank and merge, what the user sees) — and optionally ``citations`` (the
-references of a generated answer).
+references of a generated answer). A knowledge base of type ``faq`` is also searched by
+``faq`` (``POST /api/v1/knowledge-bases/{id}/faq/search``, docs/weknora-contract.md C45/C46),
+and has no keyword path (C20/C47).
 
 A stage file (YAML) may redefine or add stages::
 
     stages:
       hybrid-100:
-        endpoint: hybrid-search          # one of hybrid-search, knowledge-search, chat
+        endpoint: hybrid-search          # one of hybrid-search, knowledge-search, chat, faq-search
         params: {match_count: 100}       # optional: sent with every request
         keep_match_types: [0, 1]         # optional: the match types that count (null: all)
 
 A custom stage's role in the pipeline follows from its endpoint and parameters
-(:func:`weknora_nb.core.pipeline.role_of`).
+(:func:`weknora_nb.core.pipeline.role_of`). hybrid-search and faq-search stages always send
+``match_count`` (:data:`DEFAULT_MATCH_COUNT` when the stage omits it); a hybrid-search
+``match_count`` <= 0 is refused (C17: up to v0.7.2 it returns no hit, or fails with a 500).
+Where each endpoint's retrieval settings come from is the stage's ``settings_source``
+(:data:`weknora_nb.core.weknora.SETTINGS_SOURCES`).
 """
 
 from __future__ import annotations
@@ -26,11 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import ConfigError, Problem, UsageError
+from weknora_nb.core.weknora import SETTINGS_SOURCES
 
-__all__ = ["Stage", "DEFAULT_STAGES", "DEFAULT_SELECTION", "ENDPOINTS", "PRIMARY_MATCH_TYPES", "resolve_stages",
-           "load_stage_file"]
+__all__ = ["Stage", "DEFAULT_STAGES", "FAQ_STAGE", "BUILT_IN_STAGES", "DEFAULT_SELECTION", "ENDPOINTS",
+           "PRIMARY_MATCH_TYPES", "DEFAULT_MATCH_COUNT", "resolve_stages", "load_stage_file", "match_count_problem"]
 
-ENDPOINTS = ("hybrid-search", "knowledge-search", "chat")
+ENDPOINTS = ("hybrid-search", "knowledge-search", "chat", "faq-search")
+#: the ``match_count`` hybrid-search and faq-search stages send when they name none (C17: main's default;
+#: C45: the FAQ service's cap)
+DEFAULT_MATCH_COUNT = 50
 #: WeKnora match types that are search hits; 2-7 are context added around them
 PRIMARY_MATCH_TYPES = (0, 1)
 
@@ -48,17 +58,46 @@ class Stage:
         if self.endpoint not in ENDPOINTS:
             raise UsageError(argument=f"the endpoint of stage {self.name!r}", allowed=list(ENDPOINTS),
                              got=self.endpoint)
+        problem = match_count_problem(self.endpoint, self.params)
+        if problem is not None:
+            raise UsageError(argument=f"match_count of stage {self.name!r}", allowed=problem,
+                             got=self.params.get("match_count"))
 
     def request_params(self) -> dict[str, Any]:
-        """Parameters sent: for hybrid-search, context enrichment is skipped unless the stage says otherwise."""
+        """Parameters sent: hybrid-search skips context enrichment unless the stage says otherwise, and
+        hybrid-search and faq-search always send ``match_count`` (:data:`DEFAULT_MATCH_COUNT` by default)."""
         if self.endpoint == "hybrid-search":
-            return {"skip_context_enrichment": True, **self.params}
+            return {"skip_context_enrichment": True, "match_count": DEFAULT_MATCH_COUNT, **self.params}
+        if self.endpoint == "faq-search":
+            return {"match_count": DEFAULT_MATCH_COUNT, **self.params}
         return dict(self.params)
 
+    @property
+    def settings_source(self) -> str:
+        """Where the retrieval settings of this stage come from (``request``, ``tenant retrieval config``,
+        ``server conversation config``)."""
+        return SETTINGS_SOURCES[self.endpoint]
+
     def to_dict(self) -> dict[str, Any]:
-        """The stage as the manifest records it: endpoint, parameters sent, match types kept."""
+        """The stage as the manifest records it: endpoint, parameters sent, match types kept, settings source."""
         return {"endpoint": self.endpoint, "params": self.request_params(),
-                "keep_match_types": list(self.keep_match_types) if self.keep_match_types is not None else None}
+                "keep_match_types": list(self.keep_match_types) if self.keep_match_types is not None else None,
+                "settings_source": self.settings_source}
+
+
+def match_count_problem(endpoint: str, params: Mapping[str, Any]) -> str | None:
+    """What ``match_count`` must be when a hybrid-search stage's is not allowed, else None.
+
+    C17: up to v0.7.2 hybrid-search cuts the fused list to ``match_count``, so 0 returns no
+    hit at all (a stage that silently scores 0) and a negative value panics (500).
+    """
+    if endpoint != "hybrid-search" or "match_count" not in params:
+        return None
+    value = params["match_count"]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return None
+    return ("an integer >= 1 (WeKnora up to v0.7.2 returns no hit for match_count 0 and fails with a 500 for a "
+            "negative one, docs/weknora-contract.md C17)")
 
 
 #: the built-in stages, one per role of :data:`weknora_nb.core.pipeline.PIPELINE`, in its order
@@ -69,22 +108,28 @@ DEFAULT_STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("final", "knowledge-search"),
     Stage("citations", "chat"),
 )}
+#: C45/C46: the FAQ search of a knowledge base of type ``faq``; every match type counts (FAQ entries carry
+#: their own)
+FAQ_STAGE = Stage("faq", "faq-search", {"match_count": DEFAULT_MATCH_COUNT}, keep_match_types=None)
+#: every stage known by name: the pipeline's, then ``faq``
+BUILT_IN_STAGES: dict[str, Stage] = {**DEFAULT_STAGES, FAQ_STAGE.name: FAQ_STAGE}
 
-#: the stages collected unless asked otherwise: every retrieval stage; none on the chat
-#: endpoint (it runs the LLM for every query)
+#: the stages collected unless asked otherwise: every retrieval stage of a document knowledge base;
+#: none on the chat endpoint (it runs the LLM for every query). The collector adapts it to FAQ
+#: knowledge bases (``faq`` added, ``keyword`` dropped where no base has a keyword path).
 DEFAULT_SELECTION = ",".join(s.name for s in DEFAULT_STAGES.values() if s.endpoint != "chat")
 
 _FIELDS = ("endpoint", "params", "keep_match_types")
 
 
 def resolve_stages(names: str | Sequence[str | Stage], extra: Mapping[str, Stage] | None = None) -> list[Stage]:
-    """Stage objects for ``"hybrid,final"`` or a list of names or Stage objects (defaults, then ``extra``).
+    """Stage objects for ``"hybrid,final"`` or a list of names or Stage objects (built in, then ``extra``).
 
     A name given twice is collected once. :class:`UsageError` (``--stages``) for an unknown
     name, for no stage at all, or for two different stages of one name.
     """
     given = [n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else list(names)
-    known = {**DEFAULT_STAGES, **(extra or {})}
+    known = {**BUILT_IN_STAGES, **(extra or {})}
     unknown = [n for n in given if not isinstance(n, Stage) and n not in known]
     if unknown:
         raise UsageError(argument="--stages", allowed=sorted(known), got=unknown)
@@ -148,6 +193,9 @@ def _stage_problems(path: str, lines: dict[tuple[str, ...], int], name: Any, spe
     if params is not None and not isinstance(params, dict):
         problems.append(Problem(path, lines.get((*key, "params")), f"{where}.params",
                                 f"must be a mapping of parameter to value; got {params!r}"))
+    elif params is not None and (allowed := match_count_problem(str(spec.get("endpoint")), params)):
+        problems.append(Problem(path, lines.get((*key, "params")), f"{where}.params.match_count",
+                                f"must be {allowed}; got {params['match_count']!r}"))
     keep = spec.get("keep_match_types", [])
     if keep is not None and not (isinstance(keep, list)
                                  and all(isinstance(x, int) and not isinstance(x, bool) for x in keep)):

@@ -4,9 +4,9 @@
 that a loss can be located::
 
     vector ─┐
-            ├─> hybrid ─> final ─> citations
-    keyword ┘   (merge)   (rerank,  (the references of
-                           merge)    a generated answer)
+            ├─> hybrid ─> final ─> citations        faq (an FAQ knowledge base's own
+    keyword ┘   (fusion)  (rerank,  (the references   search, faq/search)
+                           merge)    of an answer)
 
 Every stage a run holds has a *role*, one of :data:`PIPELINE`: the built-in stages are
 their own role; a custom stage's role follows from its definition (endpoint and
@@ -28,7 +28,7 @@ __all__ = ["PIPELINE", "FOCUS_STAGE", "HEADLINE_METRIC", "MIN_VALID_QUERIES", "r
            "stage_order", "focus_stage", "significance_warning"]
 
 #: stage roles in pipeline order; stages of other roles follow in the order first seen
-PIPELINE: tuple[str, ...] = ("vector", "keyword", "hybrid", "final", "citations")
+PIPELINE: tuple[str, ...] = ("vector", "keyword", "hybrid", "final", "citations", "faq")
 
 #: the stage MRR and NDCG default to (``docs/method.md`` section 5): what the user sees
 FOCUS_STAGE = "final"
@@ -43,6 +43,7 @@ MIN_VALID_QUERIES = 200
 _UPSTREAM: dict[str, tuple[str, ...]] = {
     "vector": (), "keyword": (), "hybrid": ("vector", "keyword"),
     "final": ("hybrid", "vector", "keyword"), "citations": ("final", "hybrid", "vector", "keyword"),
+    "faq": (),  # an FAQ knowledge base's own search (faq/search): one vector path, nothing upstream
 }
 
 
@@ -66,7 +67,7 @@ def role_of(name: str, definition: Mapping[str, Any] | None = None) -> str:
         if params.get("disable_vector_match") and not params.get("disable_keywords_match"):
             return "keyword"
         return "hybrid"
-    return {"knowledge-search": "final", "chat": "citations"}.get(str(endpoint), name)
+    return {"knowledge-search": "final", "chat": "citations", "faq-search": "faq"}.get(str(endpoint), name)
 
 
 def upstream(stage: str, stages: Mapping[str, Mapping[str, Any] | None] | Iterable[str]) -> list[str]:

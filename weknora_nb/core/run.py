@@ -4,8 +4,9 @@ A run folder (``outputs/runs/<name>/``) holds:
 
 =================== ==============================================================
 ``manifest.json``   what was run against what (never a key), stages and their
-                    definitions, the retrieval config read from the server, the
-                    system description, counts and times
+                    definitions, what the server said (``server``,
+                    ``knowledge_bases``, ``retrieval_config`` raw and effective),
+                    the system description, sessions, notes, counts and times
 ``checkpoint.jsonl`` one line per finished request (the resumable record)
 ``results.parquet`` the results table (:mod:`weknora_nb.core.results`)
 ``chunks.parquet``  the knowledge base's chunk inventory (ids, positions, content)
@@ -18,6 +19,8 @@ A run folder (``outputs/runs/<name>/``) holds:
     run.scores.summary_wide()        # stages x metrics
     run.focus_stage()                # "final" when the run has it
     run.inventory()                  # the chunk listing, or None
+    run.effective_retrieval_config   # the settings knowledge-search ran with (C30)
+    run.settings_source("citations") # "server conversation config"
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from weknora_nb.core.pipeline import focus_stage
 from weknora_nb.core.results import read_results
 from weknora_nb.core.scoring import Scores, score
 from weknora_nb.core.testset import TestSet, load_testset
+from weknora_nb.core.weknora import SETTINGS_SOURCES, effective_retrieval_config
 
 __all__ = ["MANIFEST", "CHECKPOINT", "RESULTS", "CHUNKS", "ANSWERS", "Run", "load_run", "read_manifest",
            "iter_runs", "flatten"]
@@ -71,8 +75,56 @@ class Run:
 
     @property
     def retrieval_config(self) -> dict[str, Any] | None:
-        """The tenant retrieval configuration read from the server at collection time."""
-        return self.manifest.get("retrieval_config")
+        """The tenant retrieval configuration as read from the server at collection time (zeros when the
+        tenant never saved one, docs/weknora-contract.md C57); None when it could not be read."""
+        recorded = self.manifest.get("retrieval_config")
+        if not isinstance(recorded, dict):
+            return None
+        if _is_split(recorded):
+            return recorded.get("raw")
+        return None if "unavailable" in recorded else recorded
+
+    @property
+    def effective_retrieval_config(self) -> dict[str, Any] | None:
+        """The settings knowledge-search ran with: the manifest's ``retrieval_config.effective``, or for a
+        manifest that holds only the config as read, :func:`~weknora_nb.core.weknora.effective_retrieval_config`
+        of it (C30: zeros mean the defaults). None when the config could not be read."""
+        recorded = self.manifest.get("retrieval_config")
+        if isinstance(recorded, dict) and _is_split(recorded):
+            return recorded.get("effective")
+        raw = self.retrieval_config
+        return effective_retrieval_config(raw) if raw is not None else None
+
+    @property
+    def server(self) -> dict[str, Any] | None:
+        """What ``GET /api/v1/system/info`` said (``version``, engines, C56), ``{"error": ...}`` when it
+        could not be read, None for a run collected before it was recorded."""
+        return self.manifest.get("server")
+
+    @property
+    def knowledge_bases(self) -> dict[str, dict[str, Any]]:
+        """Each knowledge base's configuration as the server gave it (``type``, ``chunking_config``,
+        ``embedding_model_id``, ``indexing_strategy``, ..., C49), by id; empty when not recorded."""
+        return dict(self.manifest.get("knowledge_bases") or {})
+
+    @property
+    def sessions(self) -> dict[str, Any] | None:
+        """The chat sessions of the run: ``{"created", "deleted", "kept"}``; None when not recorded."""
+        return self.manifest.get("sessions")
+
+    @property
+    def notes(self) -> list[str]:
+        """What a reader of the figures must know, as the collector recorded it (stages dropped, settings
+        that differ between stages, content that was escaped, ...)."""
+        return list(self.manifest.get("notes") or [])
+
+    def settings_source(self, stage: str) -> str | None:
+        """Where ``stage``'s retrieval settings came from: ``"request"`` (hybrid-search, FAQ search),
+        ``"tenant retrieval config"`` (knowledge-search), ``"server conversation config"`` (chat, C66);
+        read from the manifest, else from the stage's endpoint; None for a stage of unknown endpoint."""
+        definition = self.stage_definitions.get(stage) or {}
+        recorded = definition.get("settings_source")
+        return str(recorded) if recorded else SETTINGS_SOURCES.get(str(definition.get("endpoint")))
 
     def focus_stage(self, requested: str | None = None) -> str:
         """The stage to look at (:func:`weknora_nb.core.pipeline.focus_stage`): ``requested``,
@@ -89,6 +141,11 @@ class Run:
         """The knowledge base's chunk listing recorded with the run, or None when it was not fetched."""
         p = self.path / CHUNKS
         return pd.read_parquet(p) if p.exists() else None
+
+
+def _is_split(recorded: dict[str, Any]) -> bool:
+    """Whether a manifest's ``retrieval_config`` is the ``{"raw", "effective"}`` pair (else the config as read)."""
+    return "raw" in recorded and "effective" in recorded
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["MATCH_TYPES", "PRIMARY_MATCH_TYPES", "CHUNK_TYPES", "SEARCHABLE_CHUNK_TYPES", "ERROR_CODES",
-           "RETRIEVAL_DEFAULTS", "RERANK_THRESHOLD_UNSAVED", "effective_retrieval_config"]
+           "RETRIEVAL_DEFAULTS", "RERANK_THRESHOLD_UNSAVED", "effective_retrieval_config", "SETTINGS_SOURCES"]
 
 #: C23: ``match_type`` of a search result
 MATCH_TYPES: dict[int, str] = {0: "vector", 1: "keyword", 2: "nearby", 3: "history", 4: "parent", 5: "relation",
@@ -32,6 +32,13 @@ ERROR_CODES: dict[int, tuple[str, int]] = {
     1007: ("internal server error", 500), 1008: ("service unavailable", 503), 1009: ("timeout", 504),
     1010: ("validation", 400),
 }
+
+#: where the retrieval settings of each endpoint come from: hybrid-search and FAQ search take them in the
+#: request (C16, C45); knowledge-search has no per-request settings, it runs the tenant retrieval config
+#: (C27, C29); chat runs config.yaml's ``conversation.*`` (C66)
+SETTINGS_SOURCES: dict[str, str] = {"hybrid-search": "request", "faq-search": "request",
+                                    "knowledge-search": "tenant retrieval config",
+                                    "chat": "server conversation config"}
 
 #: C30: what a value <= 0 (or absent) in the tenant retrieval config means
 RETRIEVAL_DEFAULTS: dict[str, float] = {

@@ -22,12 +22,13 @@ import pandas as pd
 from IPython.display import HTML, Markdown, Pretty, display
 
 from weknora_nb.core.metrics import DEFAULT_METRICS
+from weknora_nb.core.pipeline import role_of
 from weknora_nb.core.run import MANIFEST, Run, flatten, load_run
 from weknora_nb.reports.figures import use_cjk_font
 from weknora_nb.reports.tables import html_table
 
 __all__ = ["open_run", "open_collection", "describe", "manifest_table", "request_counts", "stage_latencies",
-           "warnings_md", "excluded_table", "choose", "md", "show_html"]
+           "warnings_md", "settings_note", "excluded_table", "choose", "md", "show_html"]
 
 
 def describe(run: Run, stage: str | None = None) -> str:
@@ -120,6 +121,26 @@ def warnings_md(run: Run) -> Markdown:
     if not ws:
         return Markdown("No warnings: the run is complete and the test set is large enough.")
     return Markdown("\n".join(f"- **{w}**" for w in ws))
+
+
+def settings_note(run: Run) -> Markdown | None:
+    """One line when the run's final and citations stages, shown side by side, ran different settings:
+    knowledge-search the tenant retrieval config, the chat the server's conversation settings
+    (``docs/weknora-contract.md`` C66), so a difference between them is not one variable. From the
+    manifest's ``stages.<name>.settings_source``; None when it is not recorded (older runs) or the same.
+    """
+    defs = run.stage_definitions
+    first: dict[str, str] = {}
+    for stage in run.stages:
+        first.setdefault(role_of(stage, defs.get(stage)), stage)
+    final, citations = first.get("final"), first.get("citations")
+    if final is None or citations is None:
+        return None
+    a, b = ((defs.get(s) or {}).get("settings_source") for s in (final, citations))
+    if not a or not b or a == b:
+        return None
+    return Markdown(f"*Note: {citations} ran different settings from {final} (the {b}, not the {a}): "
+                    f"a difference between the two is not one variable.*")
 
 
 def excluded_table(run: Run, limit: int = 50) -> HTML:

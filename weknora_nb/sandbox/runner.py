@@ -2,7 +2,7 @@
 
 ::
 
-    with SandboxServer(version="rerank") as sb:
+    with SandboxServer(version="rerank", weknora_version="v0.6.2") as sb:
         sb.base_url, sb.kb_id, sb.api_key
 
 The index (chunks, BM25, embeddings, HNSW) is built once per process and shared by
@@ -24,19 +24,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weknora_nb.core.errors import SandboxError, UsageError
-from weknora_nb.sandbox.chunking import chunk_corpus
+from weknora_nb.sandbox.auth import ApiKey
+from weknora_nb.sandbox.chunking import corpus_chunks
+from weknora_nb.sandbox.emulation import WeKnoraRelease, release
 from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
-from weknora_nb.sandbox.server import FaultConfig, SandboxApp, check_loopback
+from weknora_nb.sandbox.faults import FaultConfig
+from weknora_nb.sandbox.server import SandboxApp, check_loopback
 
 if TYPE_CHECKING:
     import uvicorn
     from starlette.applications import Starlette
 
-__all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DEFAULT_KB_ID"]
+__all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DEFAULT_KB_ID", "DEFAULT_FAQ_KB_ID"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KB_ID = "kb-demo"
+#: the FAQ knowledge base's id, in versions that serve one
+DEFAULT_FAQ_KB_ID = "kb-faq"
 
 
 def demo_dir() -> Path:
@@ -59,7 +64,8 @@ _INDEX_LOCK = threading.Lock()
 
 def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
                 show_progress: bool = False) -> SandboxIndex:
-    """Chunk ``<data_dir>/docs`` and return its index (one per folder and cache per process).
+    """Chunk ``<data_dir>/docs`` (and its FAQ entries, ``faq/faq.jsonl``, when there are some) and
+    return their index (one per folder and cache per process).
 
     Raises :class:`SandboxError` when the folder has no ``docs`` folder.
     """
@@ -71,7 +77,7 @@ def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | N
             docs = d / "docs"
             if not docs.is_dir():
                 raise SandboxError(f"the sandbox has no documents folder at {docs}")
-            chunks = chunk_corpus(docs)
+            chunks = corpus_chunks(d)
             log.info("sandbox: %d chunks from %s", len(chunks), docs)
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
@@ -136,23 +142,38 @@ class SandboxServer:
     faults : FaultConfig or dict, optional
         Faults to inject from the start (off by default).
     allow_fault_control : bool
-        Expose ``/_sandbox/faults`` so tests can change faults over HTTP.
+        Expose ``/_sandbox/faults`` and ``/_sandbox/stats`` so tests can change faults and read
+        what the server was asked over HTTP.
+    weknora_version : str, optional
+        The WeKnora release whose API to emulate (``sandbox.emulation.RELEASES``); None: the
+        latest release, ``DEFAULT_RELEASE``.
+    api_keys : dict, optional
+        More API keys, ``{secret: {"kind": "workspace" | "platform", "tenant_id": 1,
+        "capabilities": [...] or None, "knowledge_base_ids": [...]}}``
+        (:class:`~weknora_nb.sandbox.auth.ApiKey`); ``api_key`` is a full-access workspace key
+        of tenant 1.
 
     Raises :class:`UsageError` for a host that is not loopback, a port out of range, an
-    unknown version or bad faults; :meth:`start` raises :class:`SandboxError` when the
-    server cannot serve (the port is in use, the server did not start).
+    unknown version or release, bad faults or a bad key; :meth:`start` raises
+    :class:`SandboxError` when the server cannot serve (the port is in use, the server did not start).
     """
 
     def __init__(self, version: str | VersionConfig = "baseline", *, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None, data_dir: str | Path | None = None,
-                 cache_dir: str | Path | None = None, kb_id: str = DEFAULT_KB_ID,
+                 cache_dir: str | Path | None = None, kb_id: str = DEFAULT_KB_ID, faq_kb_id: str = DEFAULT_FAQ_KB_ID,
                  faults: FaultConfig | dict | None = None, allow_fault_control: bool = False,
-                 show_progress: bool = False):
+                 show_progress: bool = False, weknora_version: str | None = None,
+                 api_keys: dict[str, dict[str, Any]] | None = None):
         check_loopback(host)
         check_port(port)
+        self.release: WeKnoraRelease = release(weknora_version)
+        self.api_keys = dict(api_keys or {})
+        for spec in self.api_keys.values():
+            ApiKey.from_spec(spec)  # a bad key is a UsageError now, not when the server starts
         self.host = host
         self.port = port
         self.kb_id = kb_id
+        self.faq_kb_id = faq_kb_id
         self.api_key = api_key or os.environ.get("WEKNORA_API_KEY") or f"sk-sandbox-{secrets.token_hex(12)}"
         self.data_dir = data_dir
         self.cache_dir = cache_dir
@@ -188,8 +209,10 @@ class SandboxServer:
         try:
             index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
             index.warm(self.version)
-            self.sandbox = SandboxApp(RetrievalEngine(index, self.version), api_key=self.api_key, kb_id=self.kb_id,
-                                      faults=self.faults, allow_fault_control=self.allow_fault_control)
+            engine = RetrievalEngine(index, self.version, release=self.release)
+            self.sandbox = SandboxApp(engine, api_key=self.api_key, kb_id=self.kb_id, faq_kb_id=self.faq_kb_id,
+                                      faults=self.faults, allow_fault_control=self.allow_fault_control,
+                                      release=self.release, api_keys=self.api_keys)
             self.app = self.sandbox.app
             config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=1, lifespan="off")
@@ -202,7 +225,7 @@ class SandboxServer:
         except BaseException:
             self.stop()
             raise
-        log.info("sandbox version %r serving on %s", self.version.name, self.base_url)
+        log.info("sandbox version %r serving on %s as WeKnora %s", self.version.name, self.base_url, self.release.name)
         return self
 
     def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
@@ -252,6 +275,7 @@ class SandboxServer:
 
     def describe(self) -> dict[str, Any]:
         """The system description of the served version (for a run's manifest)."""
-        return {"system": "weknora-nb sandbox", "version": self.version.name, **self.version.to_nested(),
+        return {"system": "weknora-nb sandbox", "version": self.version.name, "weknora_version": self.release.name,
+                **self.version.to_nested(),
                 "chunking": {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)",
                              "max_chars": 420}, "faults": asdict(self.faults)}

@@ -1,244 +1,105 @@
-"""The sandbox's HTTP server: WeKnora's endpoints, fields and envelopes on loopback.
+"""The sandbox's HTTP server: WeKnora's API on loopback, as WeKnora's source serves it, per release.
 
-Endpoints (``X-API-Key`` or ``Authorization: Bearer`` required on every path but ``/health``):
+Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
+(:class:`~weknora_nb.sandbox.emulation.WeKnoraRelease`) decides the ones that differ. Routes:
 
-- ``POST /api/v1/knowledge-bases/{kb_id}/hybrid-search``
-- ``POST /api/v1/knowledge-search``
-- ``POST /api/v1/sessions`` and ``POST /api/v1/knowledge-chat/{session_id}`` (SSE)
-- ``GET  /api/v1/tenants/kv/retrieval-config``
-- ``GET  /api/v1/knowledge-bases/{kb_id}/knowledge`` (paginated knowledge list)
-- ``GET  /api/v1/chunks/{knowledge_id}`` (paginated chunk listing)
-- ``GET  /health`` (no auth)
-- ``GET|PUT /_sandbox/faults`` (only when fault control is allowed: tests, benchmarks)
+- ``GET|POST /api/v1/knowledge-bases/{id}/hybrid-search`` (POST not at v0.6.2, C15-C26)
+- ``POST /api/v1/knowledge-search`` (C27-C44) and ``POST /api/v1/knowledge-bases/{id}/faq/search`` (C45-C47)
+- ``GET /api/v1/knowledge-bases``, ``GET /api/v1/knowledge-bases/{id}``, ``GET .../{id}/knowledge``,
+  ``GET /api/v1/knowledge/{id}``, ``GET /api/v1/chunks/{knowledge_id}``, ``GET /api/v1/chunks/by-id/{id}``,
+  ``GET /api/v1/system/info``, ``GET /api/v1/tenants/kv/{key}`` (C48-C57)
+- ``POST|GET /api/v1/sessions``, ``GET|DELETE /api/v1/sessions/{id}``, ``POST /api/v1/knowledge-chat/{id}``,
+  ``GET /api/v1/messages/{session_id}/load``, ``POST /api/v1/messages/search`` (C58-C69, :mod:`.chat`)
+- ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults`` and ``GET /_sandbox/stats`` only when fault
+  control is allowed (tests, benchmarks).
 
-Envelopes: ``{"success": true, "data": ...}``; errors ``{"success": false, "error":
-{"code": ..., "message": ...}}``; the auth layer's bare ``{"error": "..."}`` with 401.
+Any other path or method: gin's plain-text ``404 page not found`` (C14), after auth. Layout:
+:class:`SandboxApp` holds the state and one method per endpoint; around its router, outermost
+first, :class:`~weknora_nb.sandbox.auth.AuthMiddleware` (C1-C5) and
+:class:`~weknora_nb.sandbox.faults.FaultMiddleware`; after routing, the capability gate (C6, C7);
+an exception no endpoint handles is answered as WeKnora's ``Recovery`` does (C13).
 
-Layout: :class:`SandboxApp` holds the server's state and has one method per endpoint;
-two ASGI middlewares wrap every route, outermost first: :class:`AuthMiddleware` (the bare
-401) and :class:`FaultMiddleware` (the injected faults of :class:`FaultInjector`).
-
-Fault injection (off by default, on ``/api/v1/`` paths only): added latency (fixed plus
-uniform jitter, or lognormal), then a hang, then at most one of a 500, a 429 with
-``Retry-After`` and a malformed body; SSE streams cut after their first event (the
-references, before ``complete``). Rates are probabilities per request.
-
-The engine is deterministic, so successful search answers are remembered by request body
-(:data:`SEARCH_CACHE_SIZE` of them, :class:`AnswerMemory`); faults are injected before
-that lookup, so they still apply to a remembered answer.
+The engine is deterministic, so successful search answers are remembered (:class:`AnswerMemory`,
+:data:`SEARCH_CACHE_SIZE` of them) by everything that can change them: release, method, path,
+query string, tenant and body. Errors are never kept, and faults come first, so a remembered
+answer still gets its latency and faults; a request whose reranker is made to fail bypasses it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import logging
-import random
-import secrets
+import re
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as StarletteRoute
 
 from weknora_nb.core.errors import UsageError
-from weknora_nb.sandbox.engine import Hit, RetrievalEngine
+from weknora_nb.sandbox import auth
+from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
+from weknora_nb.sandbox.catalog import Catalog
+from weknora_nb.sandbox.chat import Conversations
+from weknora_nb.sandbox.emulation import WeKnoraRelease
+from weknora_nb.sandbox.emulation import release as named_release
+from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, NegativeMatchCount, RetrievalEngine
+from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddleware
+from weknora_nb.sandbox.wire import (
+    BAD_REQUEST,
+    INTERNAL,
+    NOT_FOUND,
+    BindError,
+    Field,
+    app_error,
+    bind_json,
+    bind_pagination,
+    go_json,
+    ok,
+    panic_body,
+    route_not_found,
+)
 
 __all__ = ["FaultConfig", "FaultInjector", "AnswerMemory", "AuthMiddleware", "FaultMiddleware", "SandboxApp",
-           "create_app", "check_loopback", "ERROR_CODES", "SEARCH_CACHE_SIZE"]
+           "create_app", "check_loopback", "SEARCH_CACHE_SIZE"]
 
 log = logging.getLogger(__name__)
 
-#: WeKnora-style application error codes used by the sandbox
-ERROR_CODES = {"bad_request": 1000, "unauthorized": 1001, "forbidden": 1003, "not_found": 1004,
-               "too_many_requests": 1005, "internal": 1007}
-MATCH_TYPES = {0: "vector", 1: "keyword", 2: "nearby", 3: "history", 4: "parent", 5: "relation", 6: "graph", 7: "web"}
-
-#: search responses the server keeps (its engine is deterministic, so a repeated body gets the same bytes)
+#: search responses the server keeps (its engine is deterministic, so a repeated request gets the same bytes)
 SEARCH_CACHE_SIZE = 8192
-
-#: the body of an injected malformed response: a 200 whose JSON stops mid-string
-MALFORMED_BODY = b'{"success": true, "data": [{"id": "'
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+#: C16: ``types.SearchParams``
+_HYBRID_FIELDS = (Field("query_text", "string"), Field("query_embedding", "[]float32"),
+                  Field("vector_threshold", "float64"), Field("keyword_threshold", "float64"),
+                  Field("match_count", "int"), Field("disable_keywords_match", "bool"),
+                  Field("disable_vector_match", "bool"), Field("knowledge_ids", "[]string"),
+                  Field("tag_ids", "[]string"), Field("scope_tag_ids", "[]string"), Field("only_recommended", "bool"),
+                  Field("knowledge_base_ids", "[]string"), Field("skip_context_enrichment", "bool"))
+#: C27: ``session.SearchKnowledgeRequest``
+_SEARCH_FIELDS = (Field("query", "string", "Query", required=True), Field("knowledge_base_id", "string"),
+                  Field("knowledge_base_ids", "[]string"), Field("knowledge_ids", "[]string"),
+                  Field("tag_ids", "[]string"), Field("mentioned_items", "any"))
+#: C27: knowledge-search's 400 without a scope, before v0.7.2 (False) and from it (True)
+_NO_SCOPE = {False: "At least one knowledge_base_id, knowledge_base_ids or knowledge_ids must be provided",
+             True: "At least one knowledge_base_id, knowledge_base_ids, knowledge_ids, or scoped tag must be provided"}
+#: C45: ``types.FAQSearchRequest``
+_FAQ_FIELDS = (Field("query_text", "string", "QueryText", required=True), Field("vector_threshold", "float64"),
+               Field("match_count", "int"), Field("first_priority_tag_ids", "[]int64"),
+               Field("second_priority_tag_ids", "[]int64"), Field("only_recommended", "bool"))
+
 
 # ---------------------------------------------------------------------------------------
-# faults
+# helpers
 # ---------------------------------------------------------------------------------------
-@dataclass
-class FaultConfig:
-    """What the server does wrong, on purpose. Rates are probabilities per request."""
-
-    latency_ms: float = 0.0
-    latency_jitter_ms: float = 0.0
-    latency_sigma: float = 0.0  # > 0: lognormal latency with median latency_ms
-    error_rate: float = 0.0
-    rate_limit_rate: float = 0.0
-    retry_after_s: float = 1.0
-    hang_rate: float = 0.0
-    hang_s: float = 30.0
-    malformed_rate: float = 0.0
-    stream_cut_rate: float = 0.0
-    seed: int | None = None
-
-    #: the settings that are probabilities (each must lie in [0, 1])
-    RATES: ClassVar[tuple[str, ...]] = ("error_rate", "rate_limit_rate", "hang_rate", "malformed_rate",
-                                        "stream_cut_rate")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> FaultConfig:
-        """The faults of ``{setting: value}`` (missing settings keep their defaults).
-
-        Raises :class:`UsageError` naming the setting for an unknown setting, a value that is
-        not a number (every setting but ``seed``) or a rate outside [0, 1].
-        """
-        if data is not None and not isinstance(data, Mapping):
-            raise UsageError(argument="the fault settings", allowed="a mapping of setting to value", got=data)
-        data = dict(data or {})
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise UsageError(argument="a fault setting", allowed=known,
-                             got=unknown[0] if len(unknown) == 1 else unknown)
-        for name, value in data.items():
-            if name == "seed":
-                continue
-            allowed = "a number between 0 and 1" if name in cls.RATES else "a number"
-            if not isinstance(value, int | float):
-                raise UsageError(argument=name, allowed=allowed, got=value)
-            if name in cls.RATES and not 0.0 <= value <= 1.0:
-                raise UsageError(argument=name, allowed=allowed, got=value)
-        return cls(**data)
-
-
-class FaultInjector:
-    """The faults in force and the random stream that decides each one (seeded by ``cfg.seed``)."""
-
-    def __init__(self, cfg: FaultConfig):
-        self.set(cfg)
-
-    def set(self, cfg: FaultConfig) -> None:
-        """Put ``cfg`` in force and restart the random stream from its seed."""
-        self.cfg = cfg
-        self.rng = random.Random(cfg.seed)
-
-    def roll(self, rate: float) -> bool:
-        """True with probability ``rate`` (a rate of 0 draws nothing from the stream)."""
-        return rate > 0 and self.rng.random() < rate
-
-    def latency_s(self) -> float:
-        """Added latency in seconds: ``latency_ms * LogNormal(0, sigma)`` when ``latency_sigma > 0``,
-        else ``max(0, latency_ms + Uniform(-jitter, jitter))``, over 1000."""
-        c = self.cfg
-        if c.latency_sigma > 0 and c.latency_ms > 0:
-            return self.rng.lognormvariate(0.0, c.latency_sigma) * c.latency_ms / 1000.0
-        jitter = self.rng.uniform(-c.latency_jitter_ms, c.latency_jitter_ms) if c.latency_jitter_ms else 0.0
-        return max(0.0, c.latency_ms + jitter) / 1000.0
-
-    async def before_request(self) -> Response | None:
-        """Wait the added latency, then maybe hang, then roll at most one faulty response.
-
-        In this order: latency; a hang of ``hang_s`` (rate ``hang_rate``); a 500
-        (``error_rate``), else a 429 with ``Retry-After: retry_after_s`` (``rate_limit_rate``),
-        else a malformed 200 (``malformed_rate``). Returns that response, or None to serve.
-        """
-        delay = self.latency_s()
-        if delay:
-            await asyncio.sleep(delay)
-        if self.roll(self.cfg.hang_rate):
-            await asyncio.sleep(self.cfg.hang_s)
-        if self.roll(self.cfg.error_rate):
-            return _err(500, "internal", "internal server error (injected fault)")
-        if self.roll(self.cfg.rate_limit_rate):
-            return _err(429, "too_many_requests", "too many requests (injected fault)",
-                        headers={"Retry-After": f"{self.cfg.retry_after_s:g}"})
-        if self.roll(self.cfg.malformed_rate):
-            return Response(MALFORMED_BODY, media_type="application/json")
-        return None
-
-    def cutting_streams(self, send: Send) -> Send:
-        """``send`` that may end an event stream after its first event (the references).
-
-        One roll (rate ``stream_cut_rate``) per 200 ``text/event-stream`` response, when it
-        starts; a cut stream ends with its first body message and the rest is dropped.
-        """
-        cut = done = False
-
-        async def send_or_cut(message: Message) -> None:
-            nonlocal cut, done
-            if done:
-                return
-            if message["type"] == "http.response.start":
-                cut = (message["status"] == 200 and _is_event_stream(message)
-                       and self.roll(self.cfg.stream_cut_rate))
-            elif cut and message["type"] == "http.response.body":
-                message, done = {**message, "more_body": False}, True
-            await send(message)
-        return send_or_cut
-
-
-def _is_event_stream(start: Message) -> bool:
-    """Whether an ``http.response.start`` message announces a server-sent event stream."""
-    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in start.get("headers", ()))
-
-
-class FaultMiddleware:
-    """Injects the faults of ``faults`` into every ``/api/v1/`` request, before routing.
-
-    So before the answer memory too: a remembered answer still gets its latency and faults.
-    """
-
-    def __init__(self, app: ASGIApp, *, faults: FaultInjector):
-        self.app = app
-        self.faults = faults
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/api/v1/"):
-            fault = await self.faults.before_request()
-            if fault is not None:
-                await fault(scope, receive, send)
-                return
-            if self.faults.cfg.stream_cut_rate > 0:
-                send = self.faults.cutting_streams(send)
-        await self.app(scope, receive, send)
-
-
-class AuthMiddleware:
-    """WeKnora's auth layer: every path but ``/health`` needs ``api_key`` in ``X-API-Key`` or
-    ``Authorization: Bearer``; without it, the bare ``{"error": ...}`` with 401."""
-
-    def __init__(self, app: ASGIApp, *, api_key: str):
-        self.app = app
-        self.api_key = api_key
-
-    def authorised(self, headers: Headers) -> bool:
-        """Whether the request's key (``X-API-Key`` first, else the bearer token) is the API key."""
-        key = headers.get("x-api-key")
-        if key is None:
-            auth = headers.get("authorization", "")
-            key = auth[7:] if auth.lower().startswith("bearer ") else None
-        return key is not None and secrets.compare_digest(key, self.api_key)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health" and not self.authorised(Headers(scope=scope)):
-            response = Response(_dumps({"error": "unauthorized: missing or invalid X-API-Key"}),
-                                status_code=401, media_type="application/json")
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def check_loopback(host: str) -> None:
     """Refuse to bind anywhere but loopback: the sandbox is for this machine only (:class:`UsageError`)."""
     if host == "localhost":
@@ -251,46 +112,67 @@ def check_loopback(host: str) -> None:
     raise UsageError(argument="host", allowed="a loopback address (127.0.0.0/8, ::1, localhost)", got=host)
 
 
-# ---------------------------------------------------------------------------------------
-# responses
-# ---------------------------------------------------------------------------------------
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def _ok(data: Any, **extra: Any) -> Response:
-    """WeKnora's success envelope ``{"success": true, "data": ..., **extra}``."""
-    return Response(_dumps({"success": True, "data": data, **extra}), media_type="application/json")
-
-
-def _err(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    """WeKnora's error envelope ``{"success": false, "error": {"code", "message"}}`` with ``status``."""
-    body = {"success": False, "error": {"code": ERROR_CODES[kind], "message": message}}
-    return Response(_dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
 class AnswerMemory:
-    """Response bodies by ``(path, request body)``; the least recently used goes past ``size``."""
+    """Response bodies by key; the least recently used goes past ``size``."""
 
     def __init__(self, size: int = SEARCH_CACHE_SIZE):
         self.size = size
-        self._bodies: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
+        self._bodies: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._bodies)
 
-    def get(self, key: tuple[str, bytes]) -> bytes | None:
+    def get(self, key: tuple[Any, ...]) -> bytes | None:
         """The remembered body (now the most recently used), or None."""
         body = self._bodies.get(key)
         if body is not None:
             self._bodies.move_to_end(key)
         return body
 
-    def keep(self, key: tuple[str, bytes], body: bytes) -> None:
+    def keep(self, key: tuple[Any, ...], body: bytes) -> None:
         """Remember ``body`` for ``key``, forgetting the least recently used past ``size``."""
         self._bodies[key] = body
         if len(self._bodies) > self.size:
             self._bodies.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: method, gin path template (``:name`` is one path segment), endpoint and the
+    capability an API key needs for it (C7; None: no gate)."""
+
+    method: str
+    template: str
+    endpoint: Endpoint
+    capability: str | None = None
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        """The template as a regular expression with one named group per parameter."""
+        return re.compile("^" + re.sub(r":(\w+)", r"(?P<\1>[^/]+)", self.template) + "$")
+
+
+class Router:
+    """The routes in match order (a static segment before a parameter, as gin's tree prefers it)."""
+
+    def __init__(self, routes: list[Route]):
+        self.routes = [(r, r.pattern) for r in routes]
+
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:
+        """The route serving ``method path`` and its parameters, or None (gin: a plain 404 either way)."""
+        for route, pattern in self.routes:
+            m = pattern.match(path)
+            if m is not None and route.method == method:
+                return route, m.groupdict()
+        return None
+
+
+def _merged_kb_ids(body: Mapping[str, Any]) -> list[str]:
+    """``knowledge_base_ids`` with ``knowledge_base_id`` appended when not already there (qa.go:673-687 @ v0.7.2)."""
+    ids = list(body["knowledge_base_ids"])
+    if body["knowledge_base_id"] and body["knowledge_base_id"] not in ids:
+        ids.append(body["knowledge_base_id"])
+    return ids
 
 
 # ---------------------------------------------------------------------------------------
@@ -299,265 +181,326 @@ class AnswerMemory:
 class SandboxApp:
     """One sandbox server: its state, one method per endpoint, and the Starlette ``app`` serving them.
 
-    State: ``faults`` (the :class:`FaultInjector` in force, shared with the middleware),
-    ``sessions`` (session id -> knowledge base id), ``answers`` (the :class:`AnswerMemory`
-    of the two search endpoints), ``knowledge`` (knowledge id -> its row in the knowledge
-    list, in index order) and ``chunks_of`` (knowledge id -> positions of its chunks in the index).
+    State: ``release`` (the WeKnora release emulated); ``catalog`` (KBs, knowledge, chunks and
+    their JSON: the document KB ``kb_id``, and ``faq_kb_id`` when the version serves FAQ);
+    ``conversations`` (sessions, chat, history); ``faults`` (the :class:`FaultInjector` in
+    force, shared with the middleware); ``answers`` (the :class:`AnswerMemory`); ``keys`` (the
+    API keys accepted: ``api_key`` is a full-access workspace key of tenant 1, ``api_keys``
+    adds keys as ``{secret: {"kind", "tenant_id", "capabilities", "knowledge_base_ids"}}``, see
+    :class:`~weknora_nb.sandbox.auth.ApiKey`).
     """
 
-    def __init__(self, engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo",
-                 faults: FaultConfig | None = None, allow_fault_control: bool = False):
+    def __init__(self, engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
+                 faults: FaultConfig | None = None, allow_fault_control: bool = False,
+                 release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None):
         self.engine = engine
-        self.index = engine.index
+        self.release = release or named_release(None)
         self.kb_id = kb_id
+        self.catalog = Catalog(engine, kb_id=kb_id, faq_kb_id=faq_kb_id, release=self.release)
+        self.conversations = Conversations(release=self.release, search=self._chat_references)
         self.faults = FaultInjector(faults or FaultConfig())
-        self.sessions: dict[str, str] = {}
         self.answers = AnswerMemory(SEARCH_CACHE_SIZE)
-        self.knowledge: dict[str, dict[str, Any]] = self._knowledge_rows()
-        self.chunks_of: dict[str, list[int]] = {}
-        for i, c in enumerate(self.index.chunks):
-            self.chunks_of.setdefault(c.knowledge_id, []).append(i)
-        self.app = Starlette(routes=self.routes(allow_fault_control), middleware=[
-            Middleware(AuthMiddleware, api_key=api_key), Middleware(FaultMiddleware, faults=self.faults)])
+        self.keys = KeyRing(api_key, api_keys)
+        self.started = time.time()
+        self.router = Router(self.routes(allow_fault_control))
+        methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+        self.app = Starlette(routes=[StarletteRoute("/{path:path}", self._dispatch, methods=methods)], middleware=[
+            Middleware(AuthMiddleware, keys=self.keys, release=self.release),
+            Middleware(FaultMiddleware, faults=self.faults)])
         self.app.state.faults = self.faults
         self.app.state.sandbox = self
 
     def routes(self, allow_fault_control: bool) -> list[Route]:
-        """The routes; ``/_sandbox/faults`` only when ``allow_fault_control``."""
-        routes = [
-            Route("/health", self.health, methods=["GET"]),
-            Route("/api/v1/knowledge-bases/{kb_id}/hybrid-search", self._remembered(self.hybrid_search),
-                  methods=["POST"]),
-            Route("/api/v1/knowledge-search", self._remembered(self.knowledge_search), methods=["POST"]),
-            Route("/api/v1/sessions", self.create_session, methods=["POST"]),
-            Route("/api/v1/knowledge-chat/{session_id}", self.knowledge_chat, methods=["POST"]),
-            Route("/api/v1/tenants/kv/retrieval-config", self.retrieval_config, methods=["GET"]),
-            Route("/api/v1/knowledge-bases/{kb_id}/knowledge", self.list_knowledge, methods=["GET"]),
-            Route("/api/v1/chunks/{knowledge_id:path}", self.list_chunks, methods=["GET"]),
+        """The routes of the release, each with the capability an API key needs (C7)."""
+        c = self.conversations
+        kb = "/api/v1/knowledge-bases"
+        routes = [Route("GET", "/health", self.health)]
+        routes += [Route(m, kb + "/:id/hybrid-search", self.hybrid_search, auth.RETRIEVE)
+                   for m in self.release.hybrid_search_methods]
+        routes += [
+            Route("POST", "/api/v1/knowledge-search", self.knowledge_search, auth.RETRIEVE),
+            Route("POST", kb + "/:id/faq/search", self.faq_search, auth.RETRIEVE),
+            Route("GET", kb, self.list_kbs, auth.RETRIEVE),
+            Route("GET", kb + "/:id", self.get_kb, auth.RETRIEVE),
+            Route("GET", kb + "/:id/knowledge", self.list_knowledge, auth.RETRIEVE),
+            Route("GET", "/api/v1/knowledge/:id", self.get_knowledge, auth.RETRIEVE),
+            Route("GET", "/api/v1/chunks/by-id/:id", self.get_chunk, auth.RETRIEVE),
+            Route("GET", "/api/v1/chunks/:knowledge_id", self.list_chunks, auth.RETRIEVE),
+            Route("GET", "/api/v1/system/info", self.system_info, auth.MANAGE_VECTOR_STORES),
+            Route("GET", "/api/v1/tenants/kv/:key", self.tenant_kv, auth.MANAGE_TENANT_SETTINGS),
+            Route("POST", "/api/v1/sessions", c.create_session, auth.CHAT),
+            Route("GET", "/api/v1/sessions", c.list_sessions, auth.CHAT),
+            Route("GET", "/api/v1/sessions/:id", c.get_session, auth.CHAT),
+            Route("DELETE", "/api/v1/sessions/:id", c.delete_session, auth.CHAT),
+            Route("POST", "/api/v1/knowledge-chat/:session_id", c.knowledge_chat, auth.CHAT),
+            Route("POST", "/api/v1/messages/search", c.search_messages, auth.MESSAGE_HISTORY),
+            Route("GET", "/api/v1/messages/:session_id/load", c.load_messages, auth.CHAT),
         ]
         if allow_fault_control:
-            routes.append(Route("/_sandbox/faults", self.faults_endpoint, methods=["GET", "PUT"]))
+            routes += [Route("GET", "/_sandbox/faults", self.faults_endpoint),
+                       Route("PUT", "/_sandbox/faults", self.faults_endpoint),
+                       Route("GET", "/_sandbox/stats", self.stats_endpoint)]
         return routes
 
-    # -- endpoints -----------------------------------------------------------------------
+    async def _dispatch(self, request: Request) -> Response:
+        """Route the request, gate it (API keys of the key service, C6), serve it; an exception the
+        endpoint does not handle is a panic to ``Recovery`` (C13)."""
+        found = self.router.match(request.method, request.url.path)
+        if found is None:
+            return route_not_found()
+        route, params = found
+        request.scope["path_params"] = params
+        if route.capability is not None:
+            refused = auth.gate(principal_of(request.scope), route.capability)
+            if refused is not None:
+                return refused
+        try:
+            return await route.endpoint(request)
+        except Exception as exc:  # gin's Recovery: the panic's message, 500
+            log.exception("sandbox: %s %s failed", request.method, request.url.path)
+            return panic_body(str(exc))
+
+    # -- shared steps --------------------------------------------------------------------
+    def _kb_access(self, request: Request, kb_id: str) -> Response | None:
+        """``KBAccessRead`` (C26): 403 (code 1002) outside a key's allow-list, 404 for an unknown KB."""
+        refused = auth.refuse_kbs(principal_of(request.scope), [kb_id])
+        if refused is not None:
+            return refused
+        return None if kb_id in self.catalog.kbs else app_error(NOT_FOUND, "knowledge base not found")
+
+    def _knowledge_access(self, request: Request, kid: str) -> Response | None:
+        """``KBAccessReadFromKnowledgeIDParam``: 404 "Knowledge not found", then the KB's allow-list."""
+        if kid not in self.catalog.kb_of:
+            return app_error(NOT_FOUND, "Knowledge not found")
+        return auth.refuse_kbs(principal_of(request.scope), [self.catalog.kb_of[kid]])
+
+    async def _remembered(self, request: Request, answer: Callable[[], Response]) -> Response:
+        """``answer()``, or the body it gave before for the same release, method, path, query, tenant
+        and body (only 200s are kept)."""
+        key = (self.release.name, request.method, request.url.path, request.url.query,
+               principal_of(request.scope).tenant_id, await request.body())
+        body = self.answers.get(key)
+        if body is not None:
+            return Response(body, media_type="application/json")
+        response = answer()
+        if response.status_code == 200:
+            self.answers.keep(key, bytes(response.body))
+        return response
+
+    # -- search endpoints ----------------------------------------------------------------
     async def health(self, request: Request) -> Response:
-        """``GET /health``: ``{"status": "ok", "version": <version name>}`` (no envelope, no auth)."""
+        """``GET /health``: ``{"status": "ok", "version": <system version>}`` (no envelope, no auth)."""
         return JSONResponse({"status": "ok", "version": self.engine.version.name})
 
     async def hybrid_search(self, request: Request) -> Response:
-        """``POST .../hybrid-search``: raw recall of both paths, RRF-merged (WeKnora's fields)."""
-        if request.path_params["kb_id"] != self.kb_id:
-            return _err(404, "not_found", f"knowledge base {request.path_params['kb_id']} not found")
-        got = await self._query_body(request, "query_text")
-        if isinstance(got, Response):
-            return got
-        data, q = got
-        try:
-            hits = self.engine.hybrid_search(
-                q, match_count=int(data.get("match_count") or 0),
-                vector_threshold=float(data.get("vector_threshold") or 0.0),
-                keyword_threshold=float(data.get("keyword_threshold") or 0.0),
-                disable_vector=bool(data.get("disable_vector_match")),
-                disable_keyword=bool(data.get("disable_keywords_match")),
-                skip_enrichment=bool(data.get("skip_context_enrichment")),
-                knowledge_ids=data.get("knowledge_ids") or None)
-        except (TypeError, ValueError) as exc:
-            return _err(400, "bad_request", f"invalid parameter: {exc}")
-        return _ok([self._result_json(h) for h in hits])
-
-    async def knowledge_search(self, request: Request) -> Response:
-        """``POST /api/v1/knowledge-search``: search, rerank, merge and top-k cut of the version."""
-        got = await self._query_body(request, "query")
-        if isinstance(got, Response):
-            return got
-        data, q = got
-        refused = self._refuse_kb_ids(data)
+        """``GET|POST .../hybrid-search``: raw recall of the paths, fused (C15-C26). KB access first,
+        then the body: bad JSON is 400 "Invalid request parameters" with details, an empty
+        ``query_text`` 400 from v0.7.2; no hit is ``data: null``."""
+        kb_id = request.path_params["id"]
+        refused = self._kb_access(request, kb_id)
         if refused is not None:
             return refused
-        hits = self.engine.knowledge_search(q, knowledge_ids=data.get("knowledge_ids") or None)
-        return _ok([self._result_json(h) for h in hits])
+        try:
+            body = bind_json(await request.body(), "types.SearchParams", _HYBRID_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, "Invalid request parameters", str(exc))
+        vector_only = bool(body["query_embedding"]) and body["disable_keywords_match"] and \
+            not body["disable_vector_match"]
+        if self.release.query_text_required and not body["query_text"].strip() and not vector_only:
+            return app_error(BAD_REQUEST, "query_text is required")
+        kb_ids = [k for k in body["knowledge_base_ids"] or [kb_id] if k in self.catalog.kbs]
+        if kb_id not in kb_ids:  # the KBs searched must include the path's (pickPrimary, knowledgebase_search.go:144)
+            return app_error(NOT_FOUND, "knowledge base not found")
+        return await self._remembered(request, lambda: self._hybrid(kb_ids, body))
 
-    async def create_session(self, request: Request) -> Response:
-        """``POST /api/v1/sessions``: a new chat session (its id, title, knowledge base, creation time)."""
-        data = await self._body_json(request)
-        if isinstance(data, Response):
-            return data
-        sid = str(uuid.uuid4())
-        self.sessions[sid] = data.get("knowledge_base_id") or self.kb_id
-        return _ok({"id": sid, "title": data.get("title") or "", "knowledge_base_id": self.kb_id,
-                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    def _hybrid(self, kb_ids: list[str], body: dict[str, Any]) -> Response:
+        """The engine's hybrid search over ``kb_ids`` for a bound body: results, ``null``, or the panic of a
+        negative ``match_count`` (C17, C13: Go's slice-bounds message)."""
+        try:
+            hits = self.engine.hybrid_search(
+                body["query_text"], match_count=body["match_count"], vector_threshold=body["vector_threshold"],
+                keyword_threshold=body["keyword_threshold"], disable_vector=body["disable_vector_match"],
+                disable_keyword=body["disable_keywords_match"], skip_enrichment=body["skip_context_enrichment"],
+                knowledge_ids=body["knowledge_ids"] or None, n_kbs=len(kb_ids),
+                kb_types=self.catalog.kb_types(kb_ids))
+        except NegativeMatchCount:
+            return panic_body(f"runtime error: slice bounds out of range [:{body['match_count']}]")
+        if hits is None:
+            return ok(None)
+        return ok([self.catalog.result_json(h, reranked_metadata=False) for h in hits])
 
-    async def knowledge_chat(self, request: Request) -> Response:
-        """``POST /api/v1/knowledge-chat/{session_id}``: SSE events ``references``, ``answer``..., ``complete``."""
-        sid = request.path_params["session_id"]
-        if sid not in self.sessions:
-            return _err(404, "not_found", f"session {sid} not found")
-        got = await self._query_body(request, "query")
-        if isinstance(got, Response):
-            return got
-        refs = [self._result_json(h) for h in self.engine.knowledge_search(got[1])]
-        return StreamingResponse(self._chat_events(refs, str(uuid.uuid4())), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async def knowledge_search(self, request: Request) -> Response:
+        """``POST /api/v1/knowledge-search`` (C27-C44): the tenant retrieval config's pipeline. 400 for the
+        body or no scope, 403 for a KB-restricted key (v0.7.2+), every service error 500 code 1007."""
+        try:
+            body = bind_json(await request.body(), "session.SearchKnowledgeRequest", _SEARCH_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        kb_ids = _merged_kb_ids(body)
+        if not kb_ids and not body["knowledge_ids"]:
+            return app_error(BAD_REQUEST, _NO_SCOPE[self.release.scoped_tag_search])
+        refused = auth.refuse_targets(principal_of(request.scope), kb_ids, body["knowledge_ids"])
+        if refused is not None:
+            return refused
+        if self.faults.roll(self.faults.cfg.rerank_error_rate):
+            return self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"], rerank_fails=True)
+        return await self._remembered(
+            request, lambda: self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"]))
 
-    async def retrieval_config(self, request: Request) -> Response:
-        """``GET /api/v1/tenants/kv/retrieval-config``: the version's tenant retrieval config."""
-        return _ok(self.engine.version.retrieval_config())
+    def _search_targets(self, kb_ids: list[str], knowledge_ids: list[str]) -> tuple[list[str], list[str], list[str]]:
+        """(known KB ids, knowledge ids to restrict to, unknown KB ids). A knowledge id whose KB is
+        searched whole is dropped (C32); unknown knowledge ids find nothing."""
+        known = [k for k in kb_ids if k in self.catalog.kbs]
+        unknown = [k for k in kb_ids if k not in self.catalog.kbs]
+        kids = [k for k in knowledge_ids if k in self.catalog.kb_of and self.catalog.kb_of[k] not in known]
+        return known, kids, unknown
+
+    def _knowledge_search(self, query: str, kb_ids: list[str], knowledge_ids: list[str], *,
+                          rerank_fails: bool = False) -> Response:
+        """Run knowledge-search with the tenant's settings (C29). An unknown KB fails its search: with
+        nothing found that is a 500 from v0.7.2, and only logged before (C34)."""
+        known, kids, unknown = self._search_targets(kb_ids, knowledge_ids)
+        hits = []
+        if known or kids:
+            hits = self.engine.knowledge_search(query, settings=self.engine.tenant_settings(),
+                                                knowledge_ids=kids or None, rerank_fails=rerank_fails,
+                                                kb_types=self.catalog.kb_types(known))
+        if unknown and not hits:
+            log.info("sandbox knowledge-search: knowledge base %s not found", unknown[0])
+            if self.release.search_failure_is_error:
+                return app_error(INTERNAL, "error code: 1003, error message: knowledge base not found")
+        return ok([self.catalog.result_json(h) for h in hits])
+
+    async def faq_search(self, request: Request) -> Response:
+        """``POST .../faq/search`` (C45, C46): FAQ entries of an FAQ knowledge base; match_count <= 0 is 10,
+        > 200 is 200 (the service caps at 50), vector_threshold <= 0 is 0.7."""
+        kb_id = request.path_params["id"]
+        refused = self._kb_access(request, kb_id)
+        if refused is not None:
+            return refused
+        try:
+            body = bind_json(await request.body(), "types.FAQSearchRequest", _FAQ_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, "请求参数不合法", str(exc))
+        if self.catalog.kbs[kb_id].type != "faq":
+            return app_error(BAD_REQUEST, "仅 FAQ 知识库支持该操作")
+        count = min(50, 10 if body["match_count"] <= 0 else body["match_count"])
+        threshold = body["vector_threshold"] if body["vector_threshold"] > 0 else 0.7
+        return await self._remembered(request, lambda: ok(self.catalog.faq_entries(
+            self.engine.faq_search(body["query_text"], match_count=count, vector_threshold=threshold))))
+
+    # -- inventory endpoints -------------------------------------------------------------
+    async def list_kbs(self, request: Request) -> Response:
+        """``GET /api/v1/knowledge-bases``: every KB object the key may see, no paging (C48)."""
+        principal = principal_of(request.scope)
+        return ok([self.catalog.kb_json(k) for k in self.catalog.kbs if principal.allows_kbs([k])])
+
+    async def get_kb(self, request: Request) -> Response:
+        """``GET /api/v1/knowledge-bases/{id}``: the KB object (C49), 404 if unknown."""
+        refused = self._kb_access(request, request.path_params["id"])
+        return refused if refused is not None else ok(self.catalog.kb_json(request.path_params["id"]))
 
     async def list_knowledge(self, request: Request) -> Response:
-        """``GET .../knowledge``: one page of the knowledge base's documents, with ``total``."""
-        if request.path_params["kb_id"] != self.kb_id:
-            return _err(404, "not_found", f"knowledge base {request.path_params['kb_id']} not found")
-        page, size = _page_args(request)
-        items = list(self.knowledge.values())
-        return _ok(items[(page - 1) * size: page * size], total=len(items), page=page, page_size=size)
+        """``GET .../{id}/knowledge``: one page (default 1, 20 per page; > 1000 is a 400) of the KB's
+        knowledge, newest first, with total (C50)."""
+        kb_id = request.path_params["id"]
+        refused = self._kb_access(request, kb_id)
+        if refused is not None:
+            return refused
+        try:
+            page, size = bind_pagination(request.query_params)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        page, size = page or 1, size or 20
+        kids = self.catalog.knowledge_list(kb_id)
+        rows = [self.catalog.knowledge_json(k) for k in kids[(page - 1) * size: page * size]]
+        return ok(rows, total=len(kids), page=page, page_size=size)
+
+    async def get_knowledge(self, request: Request) -> Response:
+        """``GET /api/v1/knowledge/{id}``: the knowledge object, 404 "Knowledge not found" (C51)."""
+        refused = self._knowledge_access(request, request.path_params["id"])
+        return refused if refused is not None else ok(self.catalog.knowledge_json(request.path_params["id"]))
 
     async def list_chunks(self, request: Request) -> Response:
-        """``GET /api/v1/chunks/{knowledge_id}``: one page of a document's chunks, with their neighbours' ids."""
+        """``GET /api/v1/chunks/{knowledge_id}`` (C52): page default 1; page_size default 10, over 100 is
+        100 (over 1000 fails binding: 400); ``chunk_type`` default ``text``, repeated to replace it;
+        disabled chunks included; the effective page size in the answer."""
         kid = request.path_params["knowledge_id"]
-        if kid not in self.chunks_of:
-            return _err(404, "not_found", f"knowledge {kid} not found")
-        page, size = _page_args(request)
-        idxs = self.chunks_of[kid]
-        rows = [self._chunk_row(i) for i in idxs[(page - 1) * size: page * size]]
-        return _ok(rows, total=len(idxs), page=page, page_size=size)
+        refused = self._knowledge_access(request, kid)
+        if refused is not None:
+            return refused
+        try:
+            page, size = bind_pagination(request.query_params)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        page, size = max(page, 1), min(size if size >= 1 else 10, 100)
+        types = request.query_params.getlist("chunk_type") or ["text"]
+        idxs = [i for i in self.catalog.chunks_of[kid] if self.catalog.chunk_type(i) in types]
+        rows = [self.catalog.chunk_json(i) for i in idxs[(page - 1) * size: page * size]]
+        return ok(rows, total=len(idxs), page=page, page_size=size)
 
+    async def get_chunk(self, request: Request) -> Response:
+        """``GET /api/v1/chunks/by-id/{id}``: the chunk (escaped like the listing, C53), 404 "Chunk not found"."""
+        i = self.engine.index.by_id.get(request.path_params["id"])
+        kb_id = self.catalog.kb_of_chunk(i) if i is not None else None
+        if i is None or kb_id is None:
+            return app_error(NOT_FOUND, "Chunk not found")
+        refused = auth.refuse_kbs(principal_of(request.scope), [kb_id])
+        return refused if refused is not None else ok(self.catalog.chunk_json(i))
+
+    async def system_info(self, request: Request) -> Response:
+        """``GET /api/v1/system/info``: ``{"code": 0, "msg": "success", "data": ...}`` without ``success``
+        (C10); ``version`` as the emulated release's build reports it (its release line: ``0.6.2`` at v0.6.3
+        too, ``0.7.2`` at main) and ``commit_id`` its tag's commit; both engines ``postgres``; edition
+        ``sandbox`` says what answers (C56)."""
+        data = {"version": self.release.reported_version, "edition": "sandbox", "commit_id": self.release.commit_id,
+                "build_time": "unknown", "go_version": "unknown", "keyword_index_engine": "postgres",
+                "vector_store_engine": "postgres", "graph_database_engine": "Not Enabled",
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+                "uptime_seconds": int(time.time() - self.started)}
+        return Response(go_json({"code": 0, "msg": "success", "data": data}), media_type="application/json")
+
+    async def tenant_kv(self, request: Request) -> Response:
+        """``GET /api/v1/tenants/kv/{key}``: ``retrieval-config`` is the stored config as is (zeros when
+        never saved, C57); other keys the sandbox does not hold are 400 "unsupported key"."""
+        if request.path_params["key"] != "retrieval-config":
+            return app_error(BAD_REQUEST, "unsupported key")
+        return ok(self.engine.tenant_config_raw())
+
+    # -- chat's retrieval ----------------------------------------------------------------
+    def _chat_references(self, query: str, kb_ids: list[str], knowledge_ids: list[str]) -> list[dict[str, Any]]:
+        """knowledge-chat's references: the pipeline with config.yaml's ``conversation.*`` settings, never
+        the tenant retrieval config (C66); unknown KBs find nothing."""
+        known, kids, _ = self._search_targets(kb_ids, knowledge_ids)
+        if not known and not kids:
+            return []
+        hits = self.engine.knowledge_search(query, settings=CONVERSATION_SETTINGS, knowledge_ids=kids or None,
+                                            kb_types=self.catalog.kb_types(known))
+        return [self.catalog.result_json(h) for h in hits]
+
+    # -- sandbox control -----------------------------------------------------------------
     async def faults_endpoint(self, request: Request) -> Response:
         """``GET|PUT /_sandbox/faults``: the faults in force; PUT replaces them (400 naming a bad setting)."""
         if request.method == "PUT":
-            data = await self._body_json(request)
-            if isinstance(data, Response):
-                return data
             try:
-                self.faults.set(FaultConfig.from_dict(data))
-            except (TypeError, ValueError) as exc:
-                return _err(400, "bad_request", str(exc))
-        return _ok(asdict(self.faults.cfg))
+                self.faults.set(FaultConfig.from_dict(json.loads(await request.body() or b"{}")))
+            except (TypeError, ValueError) as exc:  # UsageError and JSONDecodeError are ValueErrors
+                return app_error(BAD_REQUEST, str(exc))
+        return ok(asdict(self.faults.cfg))
 
-    # -- helpers -------------------------------------------------------------------------
-    def _remembered(self, endpoint: Endpoint) -> Endpoint:
-        """``endpoint`` answered from :attr:`answers` for a path and body it answered before (only 200s kept)."""
-        async def answer(request: Request) -> Response:
-            key = (request.scope["path"], await request.body())
-            body = self.answers.get(key)
-            if body is not None:
-                return Response(body, media_type="application/json")
-            response = await endpoint(request)
-            if response.status_code == 200:
-                self.answers.keep(key, bytes(response.body))
-            return response
-        return answer
-
-    async def _body_json(self, request: Request) -> dict[str, Any] | Response:
-        """The request's JSON object (an empty body is ``{}``), or the 400 that says what is wrong."""
-        raw = await request.body()
-        try:
-            data = json.loads(raw or b"{}")
-        except ValueError:
-            return _err(400, "bad_request", "request body is not valid JSON")
-        if not isinstance(data, dict):
-            return _err(400, "bad_request", "request body must be a JSON object")
-        return data
-
-    async def _query_body(self, request: Request, field: str) -> tuple[dict[str, Any], str] | Response:
-        """The JSON body and its non-empty query field, or the 400 that says what is wrong."""
-        data = await self._body_json(request)
-        if isinstance(data, Response):
-            return data
-        q = data.get(field)
-        if not isinstance(q, str) or not q.strip():
-            return _err(400, "bad_request", f"{field} is required")
-        return data, q
-
-    def _refuse_kb_ids(self, data: dict[str, Any]) -> Response | None:
-        """The 400 (no knowledge base named) or 404 (an unknown one) for a knowledge-search body, else None."""
-        ids = data.get("knowledge_base_ids") or ([data["knowledge_base_id"]] if data.get("knowledge_base_id") else [])
-        if not ids:
-            return _err(400, "bad_request", "knowledge_base_id or knowledge_base_ids is required")
-        unknown = [i for i in ids if i != self.kb_id]
-        if unknown:
-            return _err(404, "not_found", f"knowledge base {unknown[0]} not found")
-        return None
-
-    def _result_json(self, h: Hit) -> dict[str, Any]:
-        """One search result with WeKnora's fields (``metadata`` holds base and model scores when reranked)."""
-        c = self.index.chunks[h.idx]
-        meta: dict[str, str] = {}
-        if h.base_score is not None:
-            meta["base_score"] = f"{h.base_score:.8f}"
-        if h.model_score is not None:
-            meta["model_score"] = f"{h.model_score:.8f}"
-        return {
-            "id": c.id, "content": self.engine.merged_content(h) if h.sub_chunk_ids else c.content,
-            "knowledge_id": c.knowledge_id, "chunk_index": c.chunk_index, "knowledge_title": c.knowledge_title,
-            "start_at": c.start_at, "end_at": c.end_at, "seq": c.chunk_index, "score": round(h.score, 8),
-            "match_type": h.match_type, "sub_chunk_id": list(h.sub_chunk_ids), "metadata": meta,
-            "chunk_type": "text", "parent_chunk_id": "", "image_info": "",
-            "knowledge_filename": f"{c.knowledge_id}.md", "knowledge_source": "file", "knowledge_base_id": self.kb_id,
-        }
-
-    def _chunk_row(self, i: int) -> dict[str, Any]:
-        """Chunk ``i`` of the index as a row of the chunk listing (with its neighbours' ids, "" at an end)."""
-        c = self.index.chunks[i]
-        prev_i, next_i = self.index.neighbour(i, -1), self.index.neighbour(i, 1)
-        return {"id": c.id, "knowledge_id": c.knowledge_id, "knowledge_base_id": self.kb_id,
-                "content": c.content, "chunk_index": c.chunk_index, "is_enabled": True,
-                "start_at": c.start_at, "end_at": c.end_at, "chunk_type": "text",
-                "pre_chunk_id": self.index.chunks[prev_i].id if prev_i is not None else "",
-                "next_chunk_id": self.index.chunks[next_i].id if next_i is not None else ""}
-
-    def _knowledge_rows(self) -> dict[str, dict[str, Any]]:
-        """Knowledge id -> its row in the knowledge list (one per document, in index order, with its chunk count)."""
-        rows: dict[str, dict[str, Any]] = {}
-        for c in self.index.chunks:
-            row = rows.setdefault(c.knowledge_id, {
-                "id": c.knowledge_id, "knowledge_base_id": self.kb_id, "title": c.knowledge_title,
-                "file_name": f"{c.knowledge_id}.md", "type": "file", "parse_status": "completed",
-                "enable_status": "enabled", "chunk_count": 0})
-            row["chunk_count"] += 1
-        return rows
-
-    async def _chat_events(self, refs: list[dict[str, Any]], req_id: str) -> AsyncIterator[bytes]:
-        """The SSE events of one chat answer: its references, the answer's pieces, ``complete``."""
-        def event(payload: dict[str, Any]) -> bytes:
-            return b"event:message\ndata:" + _dumps({"id": req_id, **payload}) + b"\n\n"
-        yield event({"response_type": "references", "content": "", "done": False, "knowledge_references": refs})
-        for piece in _extractive_answer(refs, self.kb_id):
-            await asyncio.sleep(0)
-            yield event({"response_type": "answer", "content": piece, "done": False})
-        yield event({"response_type": "complete", "content": "", "done": True})
+    async def stats_endpoint(self, request: Request) -> Response:
+        """``GET /_sandbox/stats``: sessions created and deleted, title LLM calls, chat requests (a client
+        can show it cost nothing)."""
+        return ok({**self.conversations.stats, "sessions_open": len(self.conversations.sessions)})
 
 
-def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo",
-               faults: FaultConfig | None = None, allow_fault_control: bool = False) -> Starlette:
-    """The ASGI application serving ``engine`` as knowledge base ``kb_id`` (see :class:`SandboxApp`).
+def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
+               faults: FaultConfig | None = None, allow_fault_control: bool = False,
+               release: WeKnoraRelease | None = None,
+               api_keys: Mapping[str, Mapping[str, Any]] | None = None) -> Starlette:
+    """The ASGI application serving ``engine`` as knowledge base ``kb_id`` in ``release`` (see :class:`SandboxApp`).
 
     Its ``.state.faults`` is the :class:`FaultInjector` in force, ``.state.sandbox`` the :class:`SandboxApp`.
     """
-    return SandboxApp(engine, api_key=api_key, kb_id=kb_id, faults=faults,
-                      allow_fault_control=allow_fault_control).app
-
-
-def _page_args(request: Request) -> tuple[int, int]:
-    """``page`` (>= 1, default 1) and ``page_size`` (1..1000, default 20); both defaults if either is no integer."""
-    try:
-        page = max(1, int(request.query_params.get("page", 1)))
-        size = min(1000, max(1, int(request.query_params.get("page_size", 20))))
-    except ValueError:
-        page, size = 1, 20
-    return page, size
-
-
-def _extractive_answer(refs: list[dict[str, Any]], kb_id: str) -> list[str]:
-    """An answer made of quoted sentences from the top references, with inline citations.
-
-    The sandbox has no language model: it says so at the start of every answer.
-    """
-    pieces = ["（抽取式回答：sandbox 未接入大模型，以下为知识库原文摘录。）\n"]
-    for r in refs[:2]:
-        body = r["content"].split("\n", 1)[-1].strip()
-        sentence = body.split("。")[0][:160]
-        doc = r["knowledge_title"].replace('"', "'")
-        pieces.append(f"{sentence}。<kb doc=\"{doc}\" chunk_id=\"{r['id']}\" kb_id=\"{kb_id}\" />\n")
-    if len(pieces) == 1:
-        pieces.append("知识库中没有找到相关内容。")
-    return pieces
+    return SandboxApp(engine, api_key=api_key, kb_id=kb_id, faq_kb_id=faq_kb_id, faults=faults,
+                      allow_fault_control=allow_fault_control, release=release, api_keys=api_keys).app

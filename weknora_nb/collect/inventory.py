@@ -1,0 +1,122 @@
+"""The chunk inventory of a run (``chunks.parquet``): every chunk of every knowledge of the knowledge bases.
+
+Knowledge lists are paged by 1000 (C50: more is a 400), chunk listings by 100 (C52: the
+server's cap), both until ``total``; chunk listings ask for every searchable chunk type
+(C52/C54: without ``chunk_type`` only ``text`` chunks come back, so an FAQ knowledge base
+would look empty). One row per chunk: ``chunk_id``, ``knowledge_base_id``, ``knowledge_id``,
+``knowledge_title``, ``chunk_index``, ``chunk_type``, ``is_enabled`` (disabled chunks are
+listed, C52), the knowledge's ``parse_status`` (C51) and ``content``.
+
+Releases up to v0.6.3 return listed content HTML-escaped (C53); :func:`content_escaping`
+decides from the server's version, or from the content when the version is unknown, and the
+content is unescaped (what the server removed as XSS patterns cannot be restored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from weknora_nb.collect.client import Listing, WeKnoraClient
+from weknora_nb.collect.preflight import server_release
+from weknora_nb.core.errors import RequestFailed
+from weknora_nb.core.results import write_results
+
+__all__ = ["take_inventory", "content_escaping", "INVENTORY_COLUMNS"]
+
+log = logging.getLogger(__name__)
+
+INVENTORY_COLUMNS = ["chunk_id", "knowledge_base_id", "knowledge_id", "knowledge_title", "chunk_index", "chunk_type",
+                     "is_enabled", "parse_status", "content"]
+#: Go's html.EscapeString: & < > ' "
+_ENTITY = re.compile(r"&(?:lt|gt|amp|#39|#34);")
+_RAW = re.compile(r"[<>\"']|&(?!(?:lt|gt|amp|#39|#34);)")
+
+
+async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *, server_version: str | None,
+                         in_flight: int = 8) -> dict[str, Any]:
+    """Write the chunk inventory to ``path``; the manifest's ``inventory`` entry.
+
+    ``{"chunks", "knowledge", "chunk_types": {type: n}, "disabled", "content": <content_escaping>}``,
+    plus ``incomplete`` (knowledge id -> "listed n of total") and ``failed`` (knowledge id -> why)
+    when some listing fell short; ``{"unavailable": ...}`` when a knowledge list cannot be read.
+    ``in_flight`` chunk listings are requested at a time.
+    """
+    try:
+        knowledge = [(kb, k) for kb in kb_ids for k in (await client.list_knowledge(kb)).items]
+    except RequestFailed as exc:
+        return {"unavailable": f"{exc.kind}: {exc}"}
+    gate = asyncio.Semaphore(max(1, in_flight))
+
+    async def chunks_of(k: dict[str, Any]) -> Listing | RequestFailed:
+        async with gate:
+            try:
+                return await client.list_chunks(str(k["id"]))
+            except RequestFailed as exc:
+                return exc
+    listings = await asyncio.gather(*(chunks_of(k) for _, k in knowledge))
+    frame = _frame((kb, k, got) for (kb, k), got in zip(knowledge, listings, strict=True)
+                   if isinstance(got, Listing))
+    escaping = content_escaping(frame["content"].tolist(), server_version)
+    if escaping["escaped"]:
+        frame["content"] = [html.unescape(c) if isinstance(c, str) else c for c in frame["content"]]
+    await asyncio.to_thread(write_results, frame, path)  # any frame: an atomic Parquet write
+    entry: dict[str, Any] = {
+        "chunks": len(frame), "knowledge": len(knowledge),
+        "chunk_types": dict(Counter(frame["chunk_type"].tolist())), "disabled": int((~frame["is_enabled"]).sum()),
+        "content": escaping}
+    incomplete = {str(k["id"]): f"listed {len(got.items)} of {got.total}" for (_, k), got in
+                  zip(knowledge, listings, strict=True) if isinstance(got, Listing) and not got.complete}
+    failed = {str(k["id"]): f"{got.kind}: {got}" for (_, k), got in zip(knowledge, listings, strict=True)
+              if isinstance(got, RequestFailed)}
+    if incomplete:
+        entry["incomplete"] = incomplete
+    if failed:
+        entry["failed"] = failed
+        log.warning("inventory: the chunks of %d knowledge could not be listed", len(failed))
+    return entry
+
+
+def _frame(listed: Iterable[tuple[str, dict[str, Any], Listing]]) -> pd.DataFrame:
+    """One row per chunk of :data:`INVENTORY_COLUMNS` from (knowledge base id, knowledge, its chunk listing)."""
+    rows = [{"chunk_id": str(c.get("id")), "knowledge_base_id": kb,
+             "knowledge_id": str(c.get("knowledge_id") or k["id"]), "knowledge_title": k.get("title"),
+             "chunk_index": c.get("chunk_index"), "chunk_type": str(c.get("chunk_type") or "text"),
+             "is_enabled": bool(c.get("is_enabled", True)), "parse_status": k.get("parse_status"),
+             "content": c.get("content", "")}
+            for kb, k, listing in listed for c in listing.items]
+    frame = pd.DataFrame(rows, columns=INVENTORY_COLUMNS)
+    frame["is_enabled"] = frame["is_enabled"].astype(bool)
+    return frame
+
+
+def content_escaping(contents: list[Any], server_version: str | None) -> dict[str, Any]:
+    """Whether the listed content is HTML-escaped (C53), and how that was decided.
+
+    A server version of 0.6.x says escaped, 0.7 or later raw. Without a version the content
+    decides: escaped when some chunk holds an entity Go's ``html.EscapeString`` writes
+    (``&lt;`` ``&gt;`` ``&amp;`` ``&#39;`` ``&#34;``) and none holds a raw ``<``, ``>``,
+    ``"``, ``'`` or a bare ``&`` (escaping leaves none). ``unescaped`` says the inventory holds
+    the content unescaped.
+    """
+    release = server_release(server_version)
+    if release is not None:
+        escaped = release < (0, 7)
+        how = f"server version {server_version} (C53: v0.6.x escape listed content, v0.7.2 and later do not)"
+    else:
+        texts = [c for c in contents if isinstance(c, str)]
+        escaped = any(_ENTITY.search(c) for c in texts) and not any(_RAW.search(c) for c in texts)
+        how = ("the content: entities and no raw < > & ' \" (C53)" if escaped
+               else "the content shows no HTML escaping (C53)")
+    out: dict[str, Any] = {"escaped": escaped, "decided_by": how, "unescaped": escaped}
+    if escaped:
+        out["note"] = "unescaped by the collector; what the server removed as XSS patterns cannot be restored"
+    return out

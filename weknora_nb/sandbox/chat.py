@@ -1,0 +1,278 @@
+"""The sandbox's sessions, knowledge-chat stream and message history (docs/weknora-contract.md C58-C69).
+
+- Sessions (C58, C59): created with 201 from a body of ``title`` / ``description`` only (an empty
+  body is a 400), read, listed (paged) and deleted (``{"success": true, "message": ...}``, C10).
+  They are kept until deleted, as WeKnora keeps them.
+- knowledge-chat (C60-C66): the SSE stream ``event:message\\ndata:<json>\\n\\n`` (C62) of
+  ``agent_query``, ``references`` (before the answer; at v0.6.2 after its first piece, C64),
+  ``answer`` pieces, a closing ``answer`` with ``done`` true, ``complete``; inline ``<kb .../>``
+  citations on releases whose server writes them (C65). On a session with no title and
+  ``disable_title`` false, the first message costs a (simulated) title LLM call and the stream
+  ends with ``session_title`` (C61). The sandbox has no language model: its answer quotes the
+  top references and says so.
+- History (C67, C68): ``GET /messages/{session_id}/load`` and ``POST /messages/search`` over the
+  sandbox's own chat messages; search is a keyword match whatever ``mode`` says.
+
+:class:`Conversations` holds the state and counts what cost money on a real server
+(:attr:`stats`: title calls, sessions created and deleted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from weknora_nb.sandbox.auth import principal_of, refuse_targets
+from weknora_nb.sandbox.catalog import go_html_escape, go_time
+from weknora_nb.sandbox.emulation import WeKnoraRelease
+from weknora_nb.sandbox.tokenize import tokenize
+from weknora_nb.sandbox.wire import (
+    BAD_REQUEST,
+    NOT_FOUND,
+    BindError,
+    Field,
+    app_error,
+    bind_json,
+    bind_pagination,
+    go_json,
+    ok,
+)
+
+__all__ = ["Conversations", "ChatSearch"]
+
+#: knowledge-chat's retrieval: (query, KB ids, knowledge ids) -> the references, as search results (C22)
+ChatSearch = Callable[[str, list[str], list[str]], list[dict[str, Any]]]
+
+_SESSION_FIELDS = (Field("title", "string"), Field("description", "string"))
+_CHAT_FIELDS = (Field("query", "string", "Query", required=True), Field("knowledge_base_ids", "[]string"),
+                Field("knowledge_ids", "[]string"), Field("agent_enabled", "bool"), Field("agent_id", "string"),
+                Field("web_search_enabled", "bool"), Field("summary_model_id", "string"),
+                Field("mentioned_items", "any"), Field("disable_title", "bool"), Field("images", "any"),
+                Field("channel", "string"))
+_SEARCH_FIELDS = (Field("query", "string", "Query", required=True), Field("mode", "string"), Field("limit", "int"),
+                  Field("session_ids", "[]string"))
+_SSE_HEADERS = {"Cache-Control": "no-cache", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Session:
+    """One chat session and its messages (oldest first)."""
+
+    id: str
+    title: str
+    description: str
+    tenant_id: int
+    created: datetime
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def json(self) -> dict[str, Any]:
+        """The session object (C58; ``knowledge_base_id`` is no field of it)."""
+        at = go_time(at=self.created)
+        return {"id": self.id, "title": self.title, "description": self.description, "tenant_id": self.tenant_id,
+                "is_pinned": False, "created_at": at, "updated_at": at, "deleted_at": None}
+
+
+class Conversations:
+    """Sessions, chat and history of one sandbox server (see the module docstring)."""
+
+    def __init__(self, *, release: WeKnoraRelease, search: ChatSearch):
+        self.release = release
+        self.search = search
+        self.sessions: dict[str, Session] = {}
+        self.stats: dict[str, int] = {"sessions_created": 0, "sessions_deleted": 0, "title_calls": 0,
+                                      "chat_requests": 0}
+
+    # -- sessions ------------------------------------------------------------------------
+    async def create_session(self, request: Request) -> Response:
+        """``POST /api/v1/sessions``: 201 and the new session (C58)."""
+        try:
+            body = bind_json(await request.body(), "session.CreateSessionRequest", _SESSION_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        s = Session(str(uuid.uuid4()), body["title"], body["description"], principal_of(request.scope).tenant_id,
+                    _now())
+        self.sessions[s.id] = s
+        self.stats["sessions_created"] += 1
+        return ok(s.json(), status=201)
+
+    def _session(self, request: Request, param: str = "id") -> Session | None:
+        """The caller's session named by the path parameter ``param``, or None."""
+        s = self.sessions.get(request.path_params[param])
+        return s if s is not None and s.tenant_id == principal_of(request.scope).tenant_id else None
+
+    async def get_session(self, request: Request) -> Response:
+        """``GET /api/v1/sessions/{id}``: the session, or 404 (C59)."""
+        s = self._session(request)
+        return ok(s.json()) if s is not None else app_error(NOT_FOUND, "session not found")
+
+    async def delete_session(self, request: Request) -> Response:
+        """``DELETE /api/v1/sessions/{id}``: ``{"success": true, "message": ...}`` without data (C10), or 404."""
+        s = self._session(request)
+        if s is None:
+            return app_error(NOT_FOUND, "session not found")
+        del self.sessions[s.id]
+        self.stats["sessions_deleted"] += 1
+        return Response(go_json({"success": True, "message": "Session deleted successfully"}),
+                        media_type="application/json")
+
+    async def list_sessions(self, request: Request) -> Response:
+        """``GET /api/v1/sessions``: one page (default 1, 20 per page), newest first, with total (C59)."""
+        try:
+            page, size = bind_pagination(request.query_params)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        page, size = page or 1, size or 20
+        tenant = principal_of(request.scope).tenant_id
+        mine = sorted((s for s in self.sessions.values() if s.tenant_id == tenant), key=lambda s: s.created,
+                      reverse=True)
+        rows = [s.json() for s in mine[(page - 1) * size: page * size]]
+        return ok(rows, total=len(mine), page=page, page_size=size)
+
+    # -- chat ----------------------------------------------------------------------------
+    async def knowledge_chat(self, request: Request) -> Response:
+        """``POST /api/v1/knowledge-chat/{session_id}``: the SSE answer (C60-C66); errors before the
+        stream use the envelope: 400 for the body, 404 "Session not found", 403 for a KB-restricted key."""
+        try:
+            body = bind_json(await request.body(), "session.CreateKnowledgeQARequest", _CHAT_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        s = self._session(request, "session_id")
+        if s is None:
+            return app_error(NOT_FOUND, "Session not found")
+        kb_ids, knowledge_ids = _targets(body)
+        refused = refuse_targets(principal_of(request.scope), kb_ids, knowledge_ids)
+        if refused is not None:
+            return refused
+        self.stats["chat_requests"] += 1
+        refs = self.search(body["query"], kb_ids, knowledge_ids) if kb_ids or knowledge_ids else []
+        title = self._title_call(s, body)
+        events = self._events(s, body["query"], refs, title)
+        return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    def _title_call(self, s: Session, body: dict[str, Any]) -> str | None:
+        """The title a first message on an untitled session generates (one LLM call, counted), or None (C61)."""
+        if s.title or body["disable_title"]:
+            return None
+        self.stats["title_calls"] += 1
+        s.title = body["query"].strip()[:20] or "新对话"
+        return s.title
+
+    async def _events(self, s: Session, query: str, refs: list[dict[str, Any]],
+                      title: str | None) -> AsyncIterator[bytes]:
+        """The stream's events in WeKnora's order (C63, C64), recording the exchange as two messages."""
+        request_id, answer_id = str(uuid.uuid4()), str(uuid.uuid4())
+        pieces = _extractive_answer(refs, self.release.inline_citations)
+        self._record(s, request_id, query, "".join(pieces), refs, answer_id)
+
+        def event(kind: str, content: str = "", done: bool = False, **extra: Any) -> bytes:
+            payload = {"id": request_id, "response_type": kind, "content": content, "done": done, **extra}
+            return b"event:message\ndata:" + go_json(payload) + b"\n\n"
+        yield event("agent_query", done=True, session_id=s.id, assistant_message_id=answer_id,
+                    data={"session_id": s.id, "assistant_message_id": answer_id})
+        answer = [event("answer", piece) for piece in pieces]
+        if refs:  # only a non-empty merge result is sent (C64)
+            answer.insert(0 if self.release.references_first else 1, event("references", knowledge_references=refs))
+        for message in answer:
+            await asyncio.sleep(0)
+            yield message
+        yield event("answer", done=True)
+        yield event("complete", done=True)
+        if title is not None:
+            yield event("session_title", title, done=True, data={"session_id": s.id, "title": title})
+
+    def _record(self, s: Session, request_id: str, query: str, answer: str, refs: list[dict[str, Any]],
+                answer_id: str) -> None:
+        """Keep the exchange in the session's history: the user's message and the answer."""
+        at = go_time(at=_now())
+        base = {"session_id": s.id, "request_id": request_id, "agent_steps": [], "is_completed": True,
+                "created_at": at, "updated_at": at, "deleted_at": None}
+        s.messages.append({"id": str(uuid.uuid4()), **base, "content": query, "role": "user",
+                           "knowledge_references": []})
+        s.messages.append({"id": answer_id, **base, "content": answer, "role": "assistant",
+                           "knowledge_references": refs})
+
+    # -- history -------------------------------------------------------------------------
+    async def load_messages(self, request: Request) -> Response:
+        """``GET /api/v1/messages/{session_id}/load``: the last ``limit`` messages (default 20, a non-integer
+        is 20), before ``before_time`` when given (RFC 3339, else 400), oldest first; 404 (C67)."""
+        text = request.query_params.get("limit", "20")
+        limit = int(text) if text.lstrip("-").isdigit() else 20
+        before = request.query_params.get("before_time", "")
+        cut = None
+        if before:
+            try:
+                cut = datetime.fromisoformat(before.strip().replace("Z", "+00:00"))
+            except ValueError:
+                return app_error(BAD_REQUEST, "Invalid time format, please use RFC3339 or RFC3339Nano format")
+        s = self._session(request, "session_id")
+        if s is None:
+            return app_error(NOT_FOUND, "session not found")
+        msgs = [m for m in s.messages if cut is None or datetime.fromisoformat(m["created_at"].replace(
+            "Z", "+00:00")) < cut]
+        return ok(msgs[-limit:] if limit > 0 else msgs)
+
+    async def search_messages(self, request: Request) -> Response:
+        """``POST /api/v1/messages/search``: exchanges whose question or answer shares a token with the
+        query, best first, ``{"items": [...], "total": n}`` (C68). Score: the share of the query's
+        tokens found in the question, times 0.7, plus the share found in the answer, times 0.3."""
+        try:
+            body = bind_json(await request.body(), "handler.SearchMessagesRequest", _SEARCH_FIELDS)
+        except BindError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        wanted = set(tokenize(body["query"]))
+        only = set(body["session_ids"])
+        items = []
+        for s in self.sessions.values():
+            if s.tenant_id != principal_of(request.scope).tenant_id or (only and s.id not in only):
+                continue
+            for q, a in zip(s.messages[::2], s.messages[1::2], strict=False):
+                asked, answered = (len(wanted & set(tokenize(m["content"]))) / max(1, len(wanted)) for m in (q, a))
+                score = round(0.7 * asked + 0.3 * answered, 4)
+                if score > 0:
+                    items.append({"request_id": q["request_id"], "session_id": s.id, "session_title": s.title,
+                                  "query_content": q["content"], "answer_content": a["content"], "score": score,
+                                  "match_type": "keyword", "created_at": q["created_at"]})
+        items.sort(key=lambda it: -it["score"])
+        return ok({"items": items[: body["limit"] or 20], "total": len(items)})
+
+
+def _targets(body: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The chat's KB ids and knowledge ids, @mentions merged in, duplicates dropped (qa.go:524-562 @ v0.7.2)."""
+    kb_ids = list(dict.fromkeys(i for i in body["knowledge_base_ids"] if i))
+    knowledge_ids = list(dict.fromkeys(i for i in body["knowledge_ids"] if i))
+    for item in body["mentioned_items"] or []:
+        if isinstance(item, dict) and item.get("id"):
+            target = kb_ids if item.get("type") == "kb" else knowledge_ids if item.get("type") == "file" else None
+            if target is not None and item["id"] not in target:
+                target.append(item["id"])
+    return kb_ids, knowledge_ids
+
+
+def _extractive_answer(refs: list[dict[str, Any]], citations: bool) -> list[str]:
+    """An answer made of quoted sentences from the top two references.
+
+    The sandbox has no language model: it says so at the start of every answer. With
+    ``citations`` each quote ends with the server's ``<kb doc=".." chunk_id=".." kb_id=".." />``
+    tag, attributes HTML-escaped (C65).
+    """
+    pieces = ["（抽取式回答：sandbox 未接入大模型，以下为知识库原文摘录。）\n"]
+    for r in refs[:2]:
+        body = r["content"].split("\n", 1)[-1].strip()
+        sentence = body.split("。")[0][:160]
+        tag = (f'<kb doc="{go_html_escape(r["knowledge_title"])}" chunk_id="{go_html_escape(r["id"])}" '
+               f'kb_id="{go_html_escape(r["knowledge_base_id"])}" />') if citations else ""
+        pieces.append(f"{sentence}。{tag}\n")
+    if len(pieces) == 1:
+        pieces.append("知识库中没有找到相关内容。")
+    return pieces
