@@ -21,17 +21,17 @@ pandas, httpx or matplotlib.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from weknora_nb._version import __version__
 from weknora_nb.core.errors import (
     InputError,
-    MetricError,
     NotComparableError,
     ReportError,
     RequestFailed,
@@ -42,6 +42,7 @@ from weknora_nb.core.errors import (
 )
 
 log = logging.getLogger("weknora_nb")
+T = TypeVar("T")
 
 #: error class -> exit code, checked in order (the first class the error is an instance of wins)
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
@@ -98,6 +99,19 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an argparse ``type``: the :class:`UsageError` it raises (a library's own check)
+    becomes argparse's one-line message instead of argparse's generic "invalid value"."""
+    @functools.wraps(parse)
+    def checked(text: str) -> T:
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return checked
+
+
+@_argument_type
 def _domain_adjustment(text: str) -> float:
     """An argparse ``type`` for the fraction the tier thresholds are lowered by (the rule of core/tiers.py)."""
     from weknora_nb.core.tiers import check_domain_adjustment
@@ -106,10 +120,7 @@ def _domain_adjustment(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number. Got {text!r} instead.") from None
-    try:
-        check_domain_adjustment(value)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    check_domain_adjustment(value)
     return value
 
 
@@ -124,6 +135,7 @@ def _port(text: str) -> int:
     return value
 
 
+@_argument_type
 def _metric_names(text: str) -> str:
     """An argparse ``type`` for one or more comma-separated metric names, each checked by ``parse_metric``."""
     from weknora_nb.core.metrics import parse_metric
@@ -132,21 +144,16 @@ def _metric_names(text: str) -> str:
     if not names:
         raise argparse.ArgumentTypeError(f"needs metric names such as ndcg@10 or recall@5,hit@5. Got {text!r} instead.")
     for name in names:
-        try:
-            parse_metric(name)
-        except MetricError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+        parse_metric(name)  # a MetricError is a UsageError
     return text
 
 
+@_argument_type
 def _bound(text: str) -> str:
     """An argparse ``type`` for a gate bound ``METRIC=VALUE`` (checked by ``parse_bounds``)."""
     from weknora_nb.analysis.gate import parse_bounds
 
-    try:
-        parse_bounds([text])
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    parse_bounds([text])
     return text
 
 

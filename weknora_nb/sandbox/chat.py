@@ -39,8 +39,8 @@ from weknora_nb.sandbox.wire import (
     BindError,
     Field,
     app_error,
-    bind_json,
     bind_pagination,
+    bind_request,
     go_json,
     ok,
 )
@@ -96,10 +96,9 @@ class Conversations:
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, request: Request) -> Response:
         """``POST /api/v1/sessions``: 201 and the new session (C58)."""
-        try:
-            body = bind_json(await request.body(), "session.CreateSessionRequest", _SESSION_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, str(exc))
+        body = await bind_request(request, "session.CreateSessionRequest", _SESSION_FIELDS)
+        if isinstance(body, Response):
+            return body
         s = Session(str(uuid.uuid4()), body["title"], body["description"], principal_of(request.scope).tenant_id,
                     _now())
         self.sessions[s.id] = s
@@ -143,10 +142,9 @@ class Conversations:
     async def knowledge_chat(self, request: Request) -> Response:
         """``POST /api/v1/knowledge-chat/{session_id}``: the SSE answer (C60-C66); errors before the
         stream use the envelope: 400 for the body, 404 "Session not found", 403 for a KB-restricted key."""
-        try:
-            body = bind_json(await request.body(), "session.CreateKnowledgeQARequest", _CHAT_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, str(exc))
+        body = await bind_request(request, "session.CreateKnowledgeQARequest", _CHAT_FIELDS)
+        if isinstance(body, Response):
+            return body
         s = self._session(request, "session_id")
         if s is None:
             return app_error(NOT_FOUND, "Session not found")
@@ -226,10 +224,9 @@ class Conversations:
         """``POST /api/v1/messages/search``: exchanges whose question or answer shares a token with the
         query, best first, ``{"items": [...], "total": n}`` (C68). Score: the share of the query's
         tokens found in the question, times 0.7, plus the share found in the answer, times 0.3."""
-        try:
-            body = bind_json(await request.body(), "handler.SearchMessagesRequest", _SEARCH_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, str(exc))
+        body = await bind_request(request, "handler.SearchMessagesRequest", _SEARCH_FIELDS)
+        if isinstance(body, Response):
+            return body
         wanted = set(tokenize(body["query"]))
         only = set(body["session_ids"])
         items = []

@@ -59,8 +59,8 @@ from weknora_nb.sandbox.wire import (
     BindError,
     Field,
     app_error,
-    bind_json,
     bind_pagination,
+    bind_request,
     go_json,
     ok,
     panic_body,
@@ -300,10 +300,9 @@ class SandboxApp:
         refused = self._kb_access(request, kb_id)
         if refused is not None:
             return refused
-        try:
-            body = bind_json(await request.body(), "types.SearchParams", _HYBRID_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, "Invalid request parameters", str(exc))
+        body = await bind_request(request, "types.SearchParams", _HYBRID_FIELDS, message="Invalid request parameters")
+        if isinstance(body, Response):
+            return body
         vector_only = bool(body["query_embedding"]) and body["disable_keywords_match"] and \
             not body["disable_vector_match"]
         if self.release.query_text_required and not body["query_text"].strip() and not vector_only:
@@ -332,10 +331,9 @@ class SandboxApp:
     async def knowledge_search(self, request: Request) -> Response:
         """``POST /api/v1/knowledge-search`` (C27-C44): the tenant retrieval config's pipeline. 400 for the
         body or no scope, 403 for a KB-restricted key (v0.7.2+), every service error 500 code 1007."""
-        try:
-            body = bind_json(await request.body(), "session.SearchKnowledgeRequest", _SEARCH_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, str(exc))
+        body = await bind_request(request, "session.SearchKnowledgeRequest", _SEARCH_FIELDS)
+        if isinstance(body, Response):
+            return body
         kb_ids = _merged_kb_ids(body)
         if not kb_ids and not body["knowledge_ids"]:
             return app_error(BAD_REQUEST, _NO_SCOPE[self.release.scoped_tag_search])
@@ -378,10 +376,9 @@ class SandboxApp:
         refused = self._kb_access(request, kb_id)
         if refused is not None:
             return refused
-        try:
-            body = bind_json(await request.body(), "types.FAQSearchRequest", _FAQ_FIELDS)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, "请求参数不合法", str(exc))
+        body = await bind_request(request, "types.FAQSearchRequest", _FAQ_FIELDS, message="请求参数不合法")
+        if isinstance(body, Response):
+            return body
         if self.catalog.kbs[kb_id].type != "faq":
             return app_error(BAD_REQUEST, "仅 FAQ 知识库支持该操作")
         count = min(50, 10 if body["match_count"] <= 0 else body["match_count"])

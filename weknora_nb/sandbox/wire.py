@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import QueryParams
+from starlette.requests import Request
 from starlette.responses import Response
 
 from weknora_nb.core.weknora import ERROR_CODES
@@ -167,6 +168,16 @@ def bind_json(raw: bytes, struct: str, spec: tuple[Field, ...]) -> dict[str, Any
             raise BindError(f"Key: '{short}.{f.go_name}' Error:Field validation for '{f.go_name}' failed on the "
                             "'required' tag")
     return out
+
+
+async def bind_request(request: Request, struct: str, spec: tuple[Field, ...], *,
+                       message: str | None = None) -> dict[str, Any] | Response:
+    """:func:`bind_json` of ``request``'s body, or the 400 envelope WeKnora answers when it fails: the
+    binder's text as the message, or (``message`` given) that message with the binder's text as details."""
+    try:
+        return bind_json(await request.body(), struct, spec)
+    except BindError as exc:
+        return app_error(BAD_REQUEST, str(exc)) if message is None else app_error(BAD_REQUEST, message, str(exc))
 
 
 def _query_int(params: QueryParams, name: str) -> int:
