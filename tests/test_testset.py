@@ -144,7 +144,8 @@ def test_parquet_rows(tmp_path):
 def weknora_folder(tmp_path, *, qrels=None, answers=True):
     d = tmp_path / "ds"
     d.mkdir()
-    pd.DataFrame({"id": ["1", "2"], "text": ["什么是 DataGate？", "How to rotate keys?"]}).to_parquet(d / "queries.parquet")
+    pd.DataFrame({"id": ["1", "2"], "text": ["什么是 DataGate？", "How to rotate keys?"]}).to_parquet(
+        d / "queries.parquet")
     pd.DataFrame(qrels or {"qid": ["1", "1", "2"], "pid": ["p1", "p2", "p9"], "score": [1, 1, 2]}).to_parquet(
         d / "qrels.parquet")
     pd.DataFrame({"id": ["p1"], "text": ["corpus text"]}).to_parquet(d / "corpus.parquet")
@@ -158,7 +159,7 @@ def test_weknora_dataset_folder(tmp_path):
     ts = load_testset(weknora_folder(tmp_path))
     assert ts.queries["query_id"].tolist() == ["1", "2"]
     assert ts.queries["answer"].tolist()[0] == "An API gateway."
-    assert dict(zip(ts.qrels["chunk_id"], ts.qrels["grade"])) == {"p1": 1, "p2": 1, "p9": 2}
+    assert dict(zip(ts.qrels["chunk_id"], ts.qrels["grade"], strict=True)) == {"p1": 1, "p2": 1, "p9": 2}
 
 
 def test_weknora_dataset_folder_errors_name_the_file_and_row(tmp_path):

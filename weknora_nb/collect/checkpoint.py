@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from weknora_nb.core.errors import RunFolderError
+from weknora_nb.core.errors import RunFolderError, reading, writing
 
-__all__ = ["RequestKey", "Records", "read_checkpoint", "CheckpointWriter"]
+__all__ = ["RequestKey", "Records", "read_checkpoint", "count_records", "CheckpointWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,35 @@ def read_checkpoint(path: str | Path) -> Records:
     """The last record of every request in a checkpoint; a torn last line (a kill mid-write) is dropped.
 
     The file is truncated after its last whole line, so that appending goes on from there.
-    A line that is not JSON anywhere but at the end means the file is damaged:
-    :class:`~weknora_nb.core.errors.RunFolderError`.
+    A line that is not a record (not JSON, or not the shape the collector writes) anywhere but
+    at the end means the file is damaged: :class:`~weknora_nb.core.errors.RunFolderError`
+    naming the line. A file that cannot be read is an :class:`~weknora_nb.core.errors.InputError`;
+    one whose torn tail cannot be cut off, a :class:`~weknora_nb.core.errors.StorageError`.
     """
     p = Path(path)
-    records: Records = {}
     if not p.exists():
-        return records
-    raw = p.read_bytes()
+        return {}
+    with reading(p):
+        raw = p.read_bytes()
+    records, good_end = _parse(p, raw)
+    if good_end < len(raw):
+        with writing(p), open(p, "r+b") as fh:
+            fh.truncate(good_end)
+    return records
+
+
+def count_records(path: str | Path) -> int | None:
+    """How many requests a checkpoint holds, without changing it; None when it cannot be read."""
+    p = Path(path)
+    try:
+        return len(_parse(p, p.read_bytes())[0]) if p.exists() else 0
+    except (OSError, RunFolderError):
+        return None
+
+
+def _parse(p: Path, raw: bytes) -> tuple[Records, int]:
+    """The records of a checkpoint's bytes, and where its last whole line ends."""
+    records: Records = {}
     lines = raw.split(b"\n")
     good_end = 0
     for i, line in enumerate(lines):
@@ -58,17 +79,61 @@ def read_checkpoint(path: str | Path) -> Records:
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             if i >= len(lines) - 2:  # only the tail can be torn
                 log.warning("%s: dropping a torn last line (%d bytes)", p, len(line))
                 break
             raise RunFolderError(f"{p}: line {i + 1} is not valid JSON; the checkpoint is damaged") from None
-        records[(rec["query_id"], rec["stage"], int(rec["repeat"]))] = rec
+        problem = _record_problem(rec)
+        if problem:
+            raise RunFolderError(f"{p}: line {i + 1} is not a request record ({problem}); the checkpoint is damaged")
+        records[(rec["query_id"], rec["stage"], rec["repeat"])] = rec
         good_end += len(line) + 1
-    if good_end < len(raw):
-        with open(p, "r+b") as fh:
-            fh.truncate(good_end)
-    return records
+    return records, min(good_end, len(raw))
+
+
+#: the types of a result row's fields: [rank, chunk_id, score, knowledge_id, chunk_index, match_type,
+#: sub_chunk_ids, base_score, model_score] (None allowed in all but rank and chunk_id; a shorter row,
+#: of an older checkpoint, lacks the last ones)
+_ROW_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("rank", (int,)), ("chunk_id", (str,)), ("score", (int, float)), ("knowledge_id", (str,)),
+    ("chunk_index", (int,)), ("match_type", (int,)), ("sub_chunk_ids", (list,)), ("base_score", (int, float)),
+    ("model_score", (int, float)))
+
+
+def _record_problem(rec: Any) -> str | None:
+    """What makes ``rec`` unlike a record the collector writes (None: nothing)."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    required: tuple[tuple[str, tuple[type, ...]], ...] = (
+        ("query_id", (str,)), ("stage", (str,)), ("repeat", (int,)), ("status", (str,)))
+    for key, kinds in required:
+        if not _is(rec.get(key), kinds):
+            return f"{key!r} missing or not a {kinds[0].__name__}"
+    optional: tuple[tuple[str, tuple[type, ...]], ...] = (
+        ("latency_ms", (int, float)), ("n_dropped", (int,)), ("error", (str,)))
+    for key, kinds in optional:
+        if rec.get(key) is not None and not _is(rec[key], kinds):
+            return f"{key!r} is not a {kinds[0].__name__}"
+    if "answer" in rec and not isinstance(rec.get("citations"), list):
+        return "an answer without its list of citations"
+    rows = rec.get("rows")
+    if rows is None:
+        return None
+    if not isinstance(rows, list):
+        return "'rows' is not a list"
+    for row in rows:
+        if not isinstance(row, list) or not 2 <= len(row) <= len(_ROW_TYPES):
+            return f"a row that is not a list of 2 to {len(_ROW_TYPES)} fields"
+        for (name, kinds), value in zip(_ROW_TYPES, row, strict=False):  # missing fields are None
+            if (value is not None or name in ("rank", "chunk_id")) and not _is(value, kinds):
+                return f"a row whose {name} is {value!r}"
+    return None
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    """``isinstance(value, kinds)``, a bool being no number."""
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 class CheckpointWriter:
@@ -103,7 +168,8 @@ class CheckpointWriter:
     async def open(self) -> None:
         """Open the file for appending (in a worker thread) and start the writer thread."""
         self._loop = asyncio.get_running_loop()
-        fh = await asyncio.to_thread(open, self.path, "a", encoding="utf-8")
+        with writing(self.path):
+            fh = await asyncio.to_thread(open, self.path, "a", encoding="utf-8")
         self._thread = threading.Thread(target=self._write_lines, args=(fh,), name="weknora-nb-checkpoint",
                                         daemon=True)
         self._thread.start()

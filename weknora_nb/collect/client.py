@@ -19,7 +19,6 @@ The API key is read from the environment (``WEKNORA_API_KEY`` by default) and se
 
 from __future__ import annotations
 
-import asyncio
 import html
 import json
 import logging
@@ -29,13 +28,15 @@ import random
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
 from weknora_nb.collect.envelope import route_missing, unwrap
+from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url
+from weknora_nb.collect.retry import with_retries
 from weknora_nb.core.errors import (
     AuthFailed,
     ConnectFailed,
@@ -47,7 +48,8 @@ from weknora_nb.core.errors import (
 )
 from weknora_nb.core.weknora import SEARCHABLE_CHUNK_TYPES
 
-__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult", "Listing", "redact_url", "API_KEY_ENV", "MAX_PAGES"]
+__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult", "Listing", "redact_url", "server_address",
+           "split_base_url", "API_KEY_ENV", "MAX_PAGES"]
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +62,28 @@ MAX_PAGES = 10_000
 _T = TypeVar("_T")
 
 
-def redact_url(url: str) -> str:
-    """The URL without user info or query string (nothing secret goes into a manifest)."""
+def server_address(url: str) -> str:
+    """The server a base URL names, as a manifest records it: scheme, host, port and path (no trailing
+    ``/``), without user info or query string (nothing secret goes into a manifest)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+
+
+def split_base_url(url: str) -> tuple[str, tuple[str, str] | None, str]:
+    """A base URL as httpx is given it: (the URL without user info, query or fragment; the user name and
+    password of its user info, sent as HTTP basic auth; its query string, sent with every request).
+
+    httpx would append every path to a base URL's query string (``/?token=x/api/v1/...``), and log the
+    user info with every request; taken apart, both reach the server as meant and the log line shows
+    neither (the query string's secrets are redacted there, :func:`redact_url`).
+    """
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    auth = (unquote(parts.username or ""), unquote(parts.password or "")) if "@" in parts.netloc else None
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", "")), auth, parts.query
 
 
 @dataclass
@@ -89,6 +106,12 @@ class ClientSettings:
     retry_after_max_s: float = 30.0
     max_connections: int = 32
     extra_headers: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """The settings with the base URL's secrets masked (:func:`redact_url`)."""
+        shown = ", ".join(f"{f.name}={redact_url(v) if f.name == 'base_url' else v!r}" for f in fields(self)
+                          for v in [getattr(self, f.name)])
+        return f"ClientSettings({shown})"
 
     def __post_init__(self) -> None:
         if not _is_base_url(self.base_url):
@@ -179,8 +202,11 @@ class WeKnoraClient:
             headers["X-Tenant-ID"] = self.tenant_id
         self.hybrid_method: str | None = None
         self.sessions: list[str] = []
+        install_log_redaction()  # httpx logs every request's URL (INFO): its secrets masked
+        base_url, auth, query = split_base_url(settings.base_url)
         self._http = httpx.AsyncClient(
-            base_url=settings.base_url.rstrip("/"), headers=headers,
+            base_url=base_url, headers=headers, auth=httpx.BasicAuth(*auth) if auth else None,
+            params=httpx.QueryParams(query),
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
             verify=ssl_context if ssl_context is not None else True,
             limits=httpx.Limits(max_connections=settings.max_connections,
@@ -336,8 +362,8 @@ class WeKnoraClient:
             return await self._http.request(method, path, json=json_body, params=params)
         except httpx.TimeoutException as exc:
             raise RequestTimeout(f"{method} {path}: timed out ({type(exc).__name__})") from exc
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise ConnectFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        except httpx.TransportError as exc:  # refused, reset, a proxy that failed: the URLs it names redacted
+            raise ConnectFailed(f"{method} {path}: {type(exc).__name__}: {redact_text(str(exc))}") from exc
 
     async def _chat_stream(self, sid: str, body: dict[str, Any]) -> ChatResult:
         """Read ``POST /api/v1/knowledge-chat/{sid}``'s events (C62/C63) into a :class:`ChatResult`.
@@ -378,27 +404,8 @@ class WeKnoraClient:
         return ChatResult(refs or [], text, [html.unescape(c) for c in _CITATION.findall(text)])
 
     async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """``call()`` up to ``max_attempts`` times while it fails retryably, sleeping between attempts.
-
-        The delay before attempt n + 1 is the server's ``Retry-After`` (at most
-        ``retry_after_max_s``) or, without one, uniform in [0, min(backoff_max_s,
-        backoff_base_s * 2^(n - 1))] seconds (exponential backoff with full jitter).
-        """
-        s = self.settings
-        attempt = 1
-        while True:
-            try:
-                return await call()
-            except RequestFailed as exc:
-                if not exc.retryable or attempt >= s.max_attempts:
-                    raise
-                if exc.retry_after is not None:
-                    delay = min(exc.retry_after, s.retry_after_max_s)
-                else:
-                    delay = self._rng.uniform(0, min(s.backoff_max_s, s.backoff_base_s * 2 ** (attempt - 1)))
-                log.debug("attempt %d failed (%s); retrying in %.2f s", attempt, exc.kind, delay)
-                await asyncio.sleep(delay)
-                attempt += 1
+        """``call()`` with the collection's retry policy (:func:`weknora_nb.collect.retry.with_retries`)."""
+        return await with_retries(call, self.settings, self._rng)
 
 
 async def _sse_events(resp: httpx.Response, path: str) -> AsyncIterator[dict[str, Any]]:

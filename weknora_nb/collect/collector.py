@@ -9,15 +9,18 @@ A run folder (``outputs/runs/<name>/``) holds:
 - ``results.parquet``  the results table (see :mod:`weknora_nb.core.results`), compiled from
   the checkpoint at the end;
 - ``chunks.parquet``   the knowledge bases' chunk inventory (:mod:`weknora_nb.collect.inventory`);
-- ``answers.jsonl``    the answers and their inline citations of the stages on the chat endpoint.
+- ``answers.jsonl``    the answers and their inline citations of the stages on the chat endpoint;
+- ``.collect.lock``    while a collection runs: who runs it (:mod:`weknora_nb.collect.lock`).
 
 ``latency_ms`` is the wall time of a request as the collector saw it, retries and their
 back-off included (a request that needed a retry is slower for the user too).
 
-The pipeline (:func:`collect_async`): check the arguments and the test set; ask the server
-about its knowledge bases, version and retrieval config (:mod:`weknora_nb.collect.preflight`:
-a missing knowledge base or a refused key stops here, before anything is written); fit the
-stages to FAQ knowledge bases; open or resume the run folder (refusing a different run); plan
+The pipeline (:func:`collect_async`): check the arguments (``out`` must be a folder) and the
+test set; lock the run folder when it exists (a collector already at work on it refuses this
+one at once, :class:`~weknora_nb.core.errors.RunLockedError`); ask the server about its
+knowledge bases, version and retrieval config (:mod:`weknora_nb.collect.preflight`: a missing
+knowledge base or a refused key stops here, before anything is written); fit the stages to FAQ
+knowledge bases; lock (creating it) and open or resume the run folder (refusing a different run); plan
 every (query, stage, repeat) not yet done; probe each endpoint once (a refused key or missing
 capability stops here; hybrid-search's method is settled, docs/weknora-contract.md C15); warm
 up (requests not recorded); run the requests, repeat by repeat, by a bounded pool of workers;
@@ -26,7 +29,11 @@ results; write the final manifest. A crash, a kill -9 or Ctrl-C loses at most th
 flight; running again with ``resume=True`` skips what is done and never writes a duplicate:
 the checkpoint keeps one final record per request (a retried failure is replaced by its new
 outcome). An auth failure in the middle (a key revoked) stops the collection: the manifest
-says ``stopped`` and the run can be resumed.
+says ``stopped`` and the run can be resumed. So does a file that cannot be written (a read-only
+folder, a full disk: :class:`~weknora_nb.core.errors.StorageError`, ``stopped``) and Ctrl-C
+(``interrupted``): the checkpoint is flushed first and the lock is let go however the collection ends.
+The test set's path is recorded absolute (report and gate find it from any folder); a resumed run
+must have the same test set content, wherever its file now is.
 
 Manifest keys about the server: ``server`` (``GET /api/v1/system/info``, C56, or
 ``{"error"}``), ``knowledge_bases`` (each one's configuration, C49), ``retrieval_config``
@@ -36,8 +43,10 @@ and, for hybrid-search, ``stages.<name>.method``; ``sessions`` (created, deleted
 ``notes`` (what a reader of the figures must know: stages dropped or added, final and
 citations running different settings, no inline citations, escaped content).
 
-File I/O never runs on the event loop: the checkpoint is appended by a thread of its own,
-the other files are read and written in worker threads (``asyncio.to_thread``).
+File I/O never runs on the event loop while requests are in flight: the checkpoint is appended
+by a thread of its own, the other files are read and written in worker threads
+(``asyncio.to_thread``); only the lock's few system calls (before the requests, and after) and
+the manifest of a collection that is stopping run on it.
 """
 
 from __future__ import annotations
@@ -49,9 +58,8 @@ import logging
 import numbers
 import os
 import platform
-import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,12 +71,14 @@ import pandas as pd
 
 from weknora_nb._version import __version__
 from weknora_nb.collect.checkpoint import CheckpointWriter, Records, read_checkpoint
-from weknora_nb.collect.client import ClientSettings, WeKnoraClient, redact_url
+from weknora_nb.collect.client import ClientSettings, WeKnoraClient, server_address
 from weknora_nb.collect.inventory import take_inventory
+from weknora_nb.collect.lock import RunLock
 from weknora_nb.collect.preflight import ServerFacts, adapt_stages, read_server, system_description
+from weknora_nb.collect.retry import run_to_end
 from weknora_nb.collect.sessions import delete_sessions
 from weknora_nb.collect.stages import DEFAULT_SELECTION, Stage, resolve_stages
-from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, UsageError
+from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, StorageError, UsageError, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.results import write_results
 from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS, read_manifest
@@ -188,48 +198,113 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     keep_sessions : keep the chat sessions the run created (default: deleted at the end).
 
     Raises :class:`~weknora_nb.core.errors.UsageError` for an argument out of range (or a keyword
-    stage asked for on FAQ knowledge bases only), :class:`~weknora_nb.core.errors.RunExistsError`
-    for a run folder that holds a run (without ``resume``) or a different run,
+    stage asked for on FAQ knowledge bases only, or an ``out`` that is a file),
+    :class:`~weknora_nb.core.errors.RunExistsError` for a run folder that holds a run (without
+    ``resume``) or a different run, :class:`~weknora_nb.core.errors.RunLockedError` for a run folder
+    another collector is at work on, :class:`~weknora_nb.core.errors.StorageError` for a file that
+    cannot be written (what was written before is kept: resume goes on from it),
     :class:`~weknora_nb.core.errors.NotFound` for a knowledge base the server does not have,
     :class:`~weknora_nb.core.errors.AuthFailed` without an API key or when the server refuses it
     (the message says why: platform key without tenant, wrong tenant, missing capability).
     """
     t_start = time.perf_counter()
-    args = _checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup)
-    ts, testset_path = await asyncio.to_thread(_load_testset, testset)
-    _refuse_used_folder(Path(out), resume)
-    async with _lanes(args) as lanes:
-        facts = await read_server(lanes[0], args.kb_ids)
-        args, notes = _fit_stages(args, facts, run_name or Path(out).name)
-        run = await asyncio.to_thread(_open_run, args, ts, testset_path, out, (system, facts, notes), resume,
-                                      run_name)
-        await asyncio.to_thread(_write_json_atomic, run.manifest_path, run.manifest)
-        try:
-            todo, n_skipped, request_seconds = await _collect_requests(lanes, args, run, retry_failed, progress)
-            if inventory:
-                run.manifest["inventory"] = await take_inventory(
-                    lanes[0], args.kb_ids, run.run_dir / CHUNKS, server_version=facts.version,
-                    in_flight=min(LANE_SIZE, args.concurrency))
-        except AuthFailed as exc:
-            await _close_sessions(run, lanes, keep_sessions)
-            await asyncio.to_thread(_write_stopped_manifest, run, exc)
-            raise
-        await _close_sessions(run, lanes, keep_sessions)
-        _record_findings(run, args, lanes)
-    await asyncio.to_thread(_write_results, args, run)
-    counts, failed = _tally(run.done, args.stages)
-    await asyncio.to_thread(_write_final_manifest, run, counts, failed)
-    summary = RunSummary(run.run_dir, counts, len(todo), n_skipped, time.perf_counter() - t_start, not failed,
-                         failed, request_seconds)
+    args = _checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup, out)
+    options = _Options(system, resume, retry_failed, inventory, progress, run_name, keep_sessions)
+    lock = RunLock(out)
+    try:
+        if Path(out).is_dir():
+            lock.acquire()  # another collector at work on this folder refuses this one at once
+        ts, testset_path = await asyncio.to_thread(_load_testset, testset)
+        _refuse_used_folder(Path(out), resume)
+        done = await _collect(args, ts, testset_path, Path(out), options, lock)
+        with _recording_a_stop(done.run):
+            await asyncio.to_thread(_write_results, done.args, done.run)
+            counts, failed = _tally(done.run.done, done.args.stages)
+            await asyncio.to_thread(_write_final_manifest, done.run, counts, failed)
+    finally:
+        lock.release()
+    summary = RunSummary(done.run.run_dir, counts, len(done.todo), done.n_skipped, time.perf_counter() - t_start,
+                         not failed, failed, done.request_seconds)
     log.info(summary.describe())
     return summary
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The choices of a collection that are not about what is measured (see :func:`collect_async`)."""
+
+    system: dict | None
+    resume: bool
+    retry_failed: bool
+    inventory: bool
+    progress: bool
+    run_name: str | None
+    keep_sessions: bool
+
+
+class _Collected(NamedTuple):
+    """What the request phase did: the arguments as fitted, the run, the requests made and skipped."""
+
+    args: _Arguments
+    run: _Run
+    todo: list[_Request]
+    n_skipped: int
+    request_seconds: float
+
+
+async def _collect(args: _Arguments, ts: TestSet, testset_path: str | None, out: Path, options: _Options,
+                   lock: RunLock) -> _Collected:
+    """Ask the server, lock and open the run folder, make the requests, take the inventory, close the sessions.
+
+    A stop on the way is recorded in the manifest before it is raised: an auth failure (``stopped``,
+    its sessions deleted), Ctrl-C (``interrupted``), a file that cannot be written (``stopped``).
+    """
+    async with _lanes(args) as lanes:
+        facts = await read_server(lanes[0], args.kb_ids)
+        args, notes = _fit_stages(args, facts, options.run_name or out.name)
+        lock.acquire()  # creates the folder: nothing was written before the server answered
+        run = await asyncio.to_thread(_open_run, args, ts, testset_path, out, (options.system, facts, notes),
+                                      options.resume, options.run_name)
+        with _recording_a_stop(run):
+            await asyncio.to_thread(_write_json_atomic, run.manifest_path, run.manifest)
+            try:
+                todo, n_skipped, request_seconds = await _collect_requests(lanes, args, run, options.retry_failed,
+                                                                           options.progress)
+                if options.inventory:
+                    run.manifest["inventory"] = await take_inventory(
+                        lanes[0], args.kb_ids, run.run_dir / CHUNKS, server_version=facts.version,
+                        in_flight=min(LANE_SIZE, args.concurrency))
+            except AuthFailed as exc:
+                await _close_sessions(run, lanes, options.keep_sessions)
+                await asyncio.to_thread(_write_stopped_manifest, run, "stopped", f"{exc.kind}: {exc}")
+                raise
+            await _close_sessions(run, lanes, options.keep_sessions)
+            _record_findings(run, args, lanes)
+    return _Collected(args, run, todo, n_skipped, request_seconds)
+
+
+@contextlib.contextmanager
+def _recording_a_stop(run: _Run) -> Iterator[None]:
+    """Within the block, Ctrl-C (a cancelled task) and a :class:`StorageError` are recorded in the manifest
+    (``interrupted``, ``stopped``) before they go on; a manifest that cannot be written stays as it was."""
+    try:
+        yield
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        with contextlib.suppress(StorageError):
+            _write_stopped_manifest(run, "interrupted", "interrupted (Ctrl-C); resume to go on")
+        raise
+    except StorageError as exc:
+        with contextlib.suppress(StorageError):
+            _write_stopped_manifest(run, "stopped", f"storage: {exc}")
+        raise
 
 
 # -- step 1: the arguments and the test set ---------------------------------------------
 def _checked_arguments(settings: ClientSettings, kb_ids: list[str] | str,
                        stages: str | Sequence[str | Stage] | None, repeats: int, concurrency: int,
-                       warmup: int) -> _Arguments:
+                       warmup: int, out: str | Path) -> _Arguments:
     """The arguments checked and normalised; :class:`UsageError` names the first one that is not allowed."""
+    _check_out(Path(out))
     for argument, value, minimum in (("--repeats", repeats, 1), ("--concurrency", concurrency, 1),
                                      ("--warmup", warmup, 0)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
@@ -242,11 +317,23 @@ def _checked_arguments(settings: ClientSettings, kb_ids: list[str] | str,
                       default_stages=stages is None)
 
 
+def _check_out(out: Path) -> None:
+    """:class:`UsageError` (``--out``) when the run folder, or the nearest of its parents that exists, is a file."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                where = "" if path == out else f" inside {path}"
+                raise UsageError(f"--out must name a run folder{where}, but {path} is a file; "
+                                 "choose a folder, e.g. outputs/runs/NAME")
+            return
+
+
 def _load_testset(testset: TestSet | str | Path) -> tuple[TestSet, str | None]:
-    """The test set, and the path it was read from (None for a TestSet object). Blocking."""
+    """The test set, and the absolute path it was read from (None for a TestSet object), so that report
+    and gate find it from any folder. Blocking."""
     if isinstance(testset, TestSet):
         return testset, None
-    return load_testset(testset), str(testset)
+    return load_testset(testset), str(Path(testset).resolve())
 
 
 def _refuse_used_folder(run_dir: Path, resume: bool) -> None:
@@ -280,7 +367,8 @@ def _open_run(args: _Arguments, testset: TestSet, testset_path: str | None, out:
     worker thread.
     """
     run_dir = Path(out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
     name = run_name or run_dir.name
     base = _manifest_base(args, testset, testset_path, name, described)
     previous = read_manifest(run_dir) if (run_dir / MANIFEST).exists() else None
@@ -312,10 +400,13 @@ def _carry_over(previous: dict[str, Any], manifest: dict[str, Any]) -> None:
 
 
 def _comparable(manifest: dict[str, Any], key: str) -> Any:
-    """The part ``key`` of a manifest as a resumed run must repeat it (stages: their definitions only)."""
+    """The part ``key`` of a manifest as a resumed run must repeat it (stages: their definitions only; the
+    test set: its content, wherever its file now is or however its path was written)."""
     value = manifest.get(key)
     if key == "stages" and isinstance(value, dict):
         return {n: {k: d.get(k) for k in _STAGE_DEFINITION} for n, d in value.items() if isinstance(d, dict)}
+    if key == "testset" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "path"}
     return value
 
 
@@ -329,7 +420,7 @@ def _manifest_base(args: _Arguments, testset: TestSet, testset_path: str | None,
     return {
         "run_name": run_name,
         "workbench": {"name": "weknora-nb", "version": __version__, "python": platform.python_version()},
-        "target": {"base_url": redact_url(settings.base_url), "knowledge_base_ids": list(args.kb_ids),
+        "target": {"base_url": server_address(settings.base_url), "knowledge_base_ids": list(args.kb_ids),
                    "api_key_env": settings.api_key_env, "tenant_id": settings.tenant_id},
         "testset": {"path": testset_path, "hash": testset.hash, "n_queries": len(testset),
                     "n_valid": testset.n_valid, "n_invalid": len(testset.invalid_ids)},
@@ -367,7 +458,9 @@ async def _collect_requests(lanes: list[WeKnoraClient], args: _Arguments, run: _
         return todo, n_skipped, 0.0
     await _probe(lanes, args, run.queries[0][1])
     await _warm_up(lanes[0], args, run.queries[:args.warmup])
-    return todo, n_skipped, await _run_requests(lanes, args, run, todo, progress)
+    with writing(run.checkpoint_path):  # an append that failed (a full disk): a StorageError naming the file
+        request_seconds = await _run_requests(lanes, args, run, todo, progress)
+    return todo, n_skipped, request_seconds
 
 
 def _plan(args: _Arguments, run: _Run, retry_failed: bool) -> tuple[list[_Request], int]:
@@ -537,13 +630,16 @@ def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], i
     questions: list[Any] = []
     dropped = 0
     for it in items:
-        mt = it.get("match_type")
-        if stage.keep_match_types is not None and mt is not None and int(mt) not in stage.keep_match_types:
+        mt = _int(it.get("match_type"))
+        if stage.keep_match_types is not None and mt is not None and mt not in stage.keep_match_types:
             dropped += 1
             continue
-        meta = it.get("metadata") or {}
-        rows.append([len(rows) + 1, str(it.get("id", "")), _float(it.get("score")), it.get("knowledge_id"),
-                     it.get("chunk_index"), mt, list(it.get("sub_chunk_id") or []),
+        meta = it.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        kid, subs = it.get("knowledge_id"), it.get("sub_chunk_id")
+        rows.append([len(rows) + 1, str(it.get("id", "")), _float(it.get("score")),
+                     None if kid is None else str(kid), _int(it.get("chunk_index")), mt,
+                     [str(x) for x in subs] if isinstance(subs, list) else [],
                      _float(meta.get("base_score")), _float(meta.get("model_score"))])
         questions.append(it.get("matched_question"))
     return rows, dropped, questions if any(q is not None for q in questions) else []
@@ -554,6 +650,12 @@ def _float(x: Any) -> float | None:
         return None if x is None or x == "" else float(x)
     except (TypeError, ValueError):
         return None
+
+
+def _int(x: Any) -> int | None:
+    """``x`` as an integer (``3``, ``3.0``, ``"3"``), else None."""
+    value = _float(x)
+    return int(value) if value is not None and value.is_integer() else None
 
 
 # -- step 7: the sessions, and what the run found out ------------------------------------
@@ -590,7 +692,8 @@ def _record_findings(run: _Run, args: _Arguments, lanes: list[WeKnoraClient]) ->
 def _write_results(args: _Arguments, run: _Run) -> None:
     """Compile the checkpoint's records into ``results.parquet`` (and ``answers.jsonl``). Blocking."""
     results = compile_results(run.done, args.stages, [q for q, _ in run.queries], args.repeats)
-    write_results(results, run.run_dir / RESULTS)
+    with writing(run.run_dir / RESULTS):
+        write_results(results, run.run_dir / RESULTS)
     _write_answers(run.done, run.run_dir / ANSWERS)
 
 
@@ -599,14 +702,15 @@ def compile_results(done: Records, stages: list[Stage], query_order: list[str], 
     cols: dict[str, list[Any]] = {
         k: [] for k in ("query_id", "stage", "repeat", "rank", "chunk_id", "score", "knowledge_id", "chunk_index",
                         "match_type", "latency_ms", "status", "error", "sub_chunk_ids", "base_score", "model_score")}
-    empty = [[None] * 9]
+    width = 9
+    empty = [[None] * width]
     for s in stages:
         for r in range(1, repeats + 1):
             for q in query_order:
                 rec = done.get((q, s.name, r))
                 if rec is None:
                     continue
-                rows = rec.get("rows") or empty
+                rows = [[*row, *[None] * (width - len(row))] for row in rec.get("rows") or empty]  # older: shorter
                 n = len(rows)
                 rank, cid, score, kid, cidx, mt, subs, base, model = zip(*rows, strict=True)  # this request's columns
                 cols["query_id"] += [q] * n
@@ -640,7 +744,7 @@ def _write_answers(done: Records, path: Path) -> None:
     recs = [r for r in done.values() if "answer" in r]
     if not recs:
         return
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+    with writing(path), atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for r in sorted(recs, key=lambda r: (r["stage"], r["repeat"], r["query_id"])):
             fh.write(json.dumps({k: r[k] for k in ("query_id", "stage", "repeat", "answer", "citations")},
                                 ensure_ascii=False) + "\n")
@@ -660,9 +764,10 @@ def _tally(done: Records, stages: list[Stage]) -> tuple[dict[str, dict[str, int]
     return {s.name: counts.get(s.name, {"ok": 0}) for s in stages}, failed
 
 
-def _write_stopped_manifest(run: _Run, exc: AuthFailed) -> None:
-    """The manifest of a collection an auth failure stopped: status ``stopped``, why, end time. Blocking."""
-    run.manifest.update(status="stopped", stopped_by=f"{exc.kind}: {exc}"[:500], ended_at=_now())
+def _write_stopped_manifest(run: _Run, status: str, why: str) -> None:
+    """The manifest of a collection that stopped before its end (an auth failure, Ctrl-C, a file that
+    could not be written): ``status``, why, end time, requests done so far. Blocking."""
+    run.manifest.update(status=status, stopped_by=why[:500], ended_at=_now(), n_done=len(run.done))
     _write_json_atomic(run.manifest_path, run.manifest)
 
 
@@ -679,29 +784,20 @@ def _now() -> str:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically and durably (temp file, fsync, rename). Blocking."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+    """Write ``obj`` as JSON to ``path`` atomically and durably (temp file, fsync, rename). Blocking.
+
+    An OS error (a read-only folder, a full disk) is a :class:`StorageError` naming ``path``."""
+    with writing(path), atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, ensure_ascii=False, indent=2)
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def collect(*args: Any, **kwargs: Any) -> RunSummary:
-    """Synchronous :func:`collect_async`; also works where an event loop already runs (Jupyter)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(collect_async(*args, **kwargs))
-    box: dict[str, Any] = {}
+    """Synchronous :func:`collect_async`; also works where an event loop already runs (Jupyter).
 
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(collect_async(*args, **kwargs))
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-    t = threading.Thread(target=target, name="weknora-nb-collect")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    Ctrl-C (KeyboardInterrupt) stops the collection cleanly either way: the requests in flight
+    are cancelled, the checkpoint is flushed, the manifest says ``interrupted``, the run folder's
+    lock is let go; then KeyboardInterrupt is raised (resume to go on).
+    """
+    return run_to_end(lambda: collect_async(*args, **kwargs), name="weknora-nb-collect")

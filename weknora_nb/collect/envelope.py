@@ -15,11 +15,11 @@ every service error into 500 code 1007, C28) is a :class:`NotFound`, never retri
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import httpx
 
+from weknora_nb.collect.retry import retry_after
 from weknora_nb.core.errors import (
     AuthFailed,
     BadRequest,
@@ -99,7 +99,7 @@ def failure(resp: httpx.Response, body: Any, *, tenant_id: str | None = None) ->
         return NotFound(text if code is not None else f"{method} {path}: HTTP 404: no such route on this server "
                         f"({msg[:80]})", status=status, code=code)
     if status == 429:
-        return RateLimited(text, status=status, code=code, retry_after=_retry_after(resp))
+        return RateLimited(text, status=status, code=code, retry_after=retry_after(resp))
     if status >= 500 and _KB_NOT_FOUND.search(msg):
         return NotFound(f"{text} (the knowledge base does not exist or is not visible to this key)",
                         status=status, code=code)
@@ -149,19 +149,3 @@ def _auth_failure(status: int, code: Any, msg: str, method: str, path: str, tena
         return AuthFailed(f"the API key may not access this knowledge base (not shared with its workspace, or "
                           f"outside the key's knowledge-base list). {text}", status=status, code=code)
     return AuthFailed(text, status=status, code=code)
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    """The ``Retry-After`` header in seconds (a number or an HTTP date), None when absent or unreadable."""
-    value = resp.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return None

@@ -27,7 +27,7 @@ import pandas as pd
 
 from weknora_nb.collect.client import Listing, WeKnoraClient
 from weknora_nb.collect.preflight import server_release
-from weknora_nb.core.errors import RequestFailed
+from weknora_nb.core.errors import RequestFailed, writing
 from weknora_nb.core.results import write_results
 
 __all__ = ["take_inventory", "content_escaping", "INVENTORY_COLUMNS"]
@@ -68,7 +68,8 @@ async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *
     escaping = content_escaping(frame["content"].tolist(), server_version)
     if escaping["escaped"]:
         frame["content"] = [html.unescape(c) if isinstance(c, str) else c for c in frame["content"]]
-    await asyncio.to_thread(write_results, frame, path)  # any frame: an atomic Parquet write
+    with writing(path):
+        await asyncio.to_thread(write_results, frame, path)  # any frame: an atomic Parquet write
     entry: dict[str, Any] = {
         "chunks": len(frame), "knowledge": len(knowledge),
         "chunk_types": dict(Counter(frame["chunk_type"].tolist())), "disabled": int((~frame["is_enabled"]).sum()),

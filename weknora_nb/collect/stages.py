@@ -26,11 +26,13 @@ Where each endpoint's retrieval settings come from is the stage's ``settings_sou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weknora_nb.collect.system import UNBUILDABLE, _unbuildable
 from weknora_nb.core.errors import ConfigError, Problem, UsageError
 from weknora_nb.core.weknora import SETTINGS_SOURCES
 
@@ -196,12 +198,37 @@ def _stage_problems(path: str, lines: dict[tuple[str, ...], int], name: Any, spe
     elif params is not None and (allowed := match_count_problem(str(spec.get("endpoint")), params)):
         problems.append(Problem(path, lines.get((*key, "params")), f"{where}.params.match_count",
                                 f"must be {allowed}; got {params['match_count']!r}"))
+    elif params is not None and (unsendable := _not_json(params)):
+        problems.append(Problem(path, lines.get((*key, "params")), f"{where}.params",
+                                f"must be values a JSON request body can hold (text, numbers, true/false, null, "
+                                f"lists, mappings with text keys); {unsendable}"))
     keep = spec.get("keep_match_types", [])
     if keep is not None and not (isinstance(keep, list)
                                  and all(isinstance(x, int) and not isinstance(x, bool) for x in keep)):
         problems.append(Problem(path, lines.get((*key, "keep_match_types")), f"{where}.keep_match_types",
                                 f"must be a list of integers (WeKnora match types, e.g. [0, 1]) or null; got {keep!r}"))
     return problems
+
+
+def _not_json(params: dict[Any, Any]) -> str | None:
+    """Why ``params`` cannot be sent as JSON and recorded in the manifest (None: they can): a date, bytes,
+    a set, .nan or .inf, a key that is not text, nesting deeper than JSON encoders go."""
+    def check(value: Any, depth: int) -> str | None:
+        if depth > 100:
+            return "they are nested too deeply"
+        if isinstance(value, dict):
+            bad = next((k for k in value if not isinstance(k, str)), None)
+            if bad is not None:
+                return f"got the key {bad!r}"
+            return next((p for v in value.values() if (p := check(v, depth + 1))), None)
+        if isinstance(value, list):
+            return next((p for v in value if (p := check(v, depth + 1))), None)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"got {value!r}"
+        if value is None or isinstance(value, (str, int, float)):
+            return None
+        return f"got a {type(value).__name__} ({str(value)[:40]!r})"
+    return check(params, 0)
 
 
 def _read_yaml(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
@@ -216,8 +243,9 @@ def _read_yaml(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
         raise ConfigError(p, "the stage file does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(p, f"the stage file cannot be read: {exc}") from None
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # reads the text: a character YAML does not allow fails here
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
@@ -225,8 +253,11 @@ def _read_yaml(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
         line = mark.line + 1 if mark is not None else None
         raise ConfigError(p, [Problem(p, line, None, f"not valid YAML: {getattr(exc, 'problem', None) or exc}")]) \
             from None
+    except UNBUILDABLE as exc:  # a scalar YAML cannot build (a date 2024-13-45, "!!int x"), or too deep
+        raise ConfigError(p, [Problem(p, None, None, f"not valid YAML: {_unbuildable(exc)}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[tuple[str, ...], int] = {}
     _node_lines(node, (), lines)
     return data, lines

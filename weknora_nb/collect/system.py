@@ -22,7 +22,7 @@ from typing import Any
 
 from weknora_nb.core.errors import ConfigError, Problem
 
-__all__ = ["load_system_description"]
+__all__ = ["load_system_description", "UNBUILDABLE"]
 
 _EXAMPLE = "e.g. 'embedding: {model: bge-m3}'"
 
@@ -45,14 +45,32 @@ def load_system_description(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(p, [_yaml_problem(p, exc)]) from None
+    except UNBUILDABLE as exc:  # a scalar YAML cannot build (a date 2024-13-45, "!!int x"), or too deep
+        raise ConfigError(p, f"not valid YAML: {_unbuildable(exc)}") from None
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a {type(data).__name__} ({str(data)[:60]!r})"
         raise ConfigError(p, f"a system description is a YAML mapping of names to values, {_EXAMPLE}. "
                              f"Got {got} instead.")
     try:
-        return json.loads(json.dumps(data, default=_iso_date, ensure_ascii=False))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(p, f"holds a value the manifest (JSON) cannot record: {exc}") from None
+        return json.loads(json.dumps(data, default=_iso_date, ensure_ascii=False, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as exc:  # also .nan and .inf: strict JSON has neither
+        raise ConfigError(p, f"holds a value the manifest (JSON) cannot record: {_unbuildable(exc)}") from None
+
+
+#: what PyYAML raises besides its YAMLError while building values: a timestamp or number that does not
+#: exist (ValueError; AttributeError for "!!timestamp x", IndexError for an empty "!!int"), nesting
+#: deeper than Python's recursion limit
+UNBUILDABLE: tuple[type[Exception], ...] = (ValueError, TypeError, AttributeError, IndexError, KeyError,
+                                            OverflowError, RecursionError)
+
+
+def _unbuildable(exc: BaseException) -> str:
+    """One line about a value that could not be built or recorded."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, (AttributeError, IndexError, KeyError)):
+        return "a value its tag does not allow (e.g. '!!timestamp' on text that is no date, an empty '!!int')"
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _read_text(p: Path) -> str:

@@ -29,9 +29,17 @@
     │   │   ├── RateLimited           "rate_limited" 429 (Retry-After honoured)
     │   │   └── ServerFailed          "server"       5xx
     │   └── ProtocolFailed            "protocol"     a 2xx body that is not what WeKnora sends
+    ├── RunLockedError (RunExistsError) another live process holds the run folder's lock
     ├── ReportError                   a notebook failed; its partial notebook and HTML were saved
+    ├── StorageError                  a file could not be written (read-only folder, full disk);
+    │                                 what was written before is kept
+    ├── Interrupted                   Ctrl-C: the work stopped, what was done is kept; the message
+    │                                 says how to resume
     └── SandboxError                  the sandbox cannot serve (unknown version, a model that
                                       is not installed, a server that did not start)
+
+Foreign errors (OSError, Unicode, JSON, CSV, YAML, pyarrow, pandas) meet the user only through
+:func:`translate_foreign`, :func:`reading` and :func:`writing`: one translation, the file named.
 
 Only :func:`weknora_nb.cli.main` turns these into exit codes (0 ok, 1 a bound broken, a
 run incomplete or work that failed, 2 unusable input).
@@ -39,15 +47,18 @@ run incomplete or work that failed, 2 unusable input).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import errno
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = ["Problem", "WeknoraNbError", "UsageError", "MetricError", "InputError", "TestSetError",
            "ResultsError", "ConfigError", "RunFolderError", "RunExistsError", "NotComparableError",
-           "RequestFailed", "ConnectFailed", "RequestTimeout", "AuthFailed", "NotFound", "BadRequest",
-           "RateLimited", "ServerFailed", "ProtocolFailed", "ReportError", "SandboxError"]
+           "RunLockedError", "RequestFailed", "ConnectFailed", "RequestTimeout", "AuthFailed", "NotFound",
+           "BadRequest", "RateLimited", "ServerFailed", "ProtocolFailed", "ReportError", "StorageError",
+           "Interrupted", "SandboxError", "is_foreign", "translate_foreign", "reading", "writing"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,14 @@ class RunExistsError(WeknoraNbError):
     """The run folder already holds a run and ``resume`` was not asked for, or it holds a different run."""
 
 
+class RunLockedError(RunExistsError):
+    """Another live process holds the run folder's lock (``holder`` says who: pid, host, command, since)."""
+
+    def __init__(self, message: str, holder: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.holder = holder or {}
+
+
 class NotComparableError(WeknoraNbError):
     """The runs were not made on the same test set (or lack what a comparison needs)."""
 
@@ -205,5 +224,87 @@ class ReportError(WeknoraNbError):
         super().__init__(f"notebook {notebook} failed in {where}: {ename}: {evalue} (partial report: {partial_html})")
 
 
+class StorageError(WeknoraNbError):
+    """A file could not be written: a read-only folder, a full disk, a quota. Earlier writes are kept."""
+
+    def __init__(self, path: str | Path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"cannot write {self.path}: {reason}")
+
+
+class Interrupted(WeknoraNbError):
+    """The user pressed Ctrl-C; the message says what was kept and how to resume."""
+
+
 class SandboxError(WeknoraNbError):
     """The sandbox cannot serve: an unknown version, a model that is not installed, a server that did not start."""
+
+
+# ---------------------------------------------------------------------------------------
+# foreign errors: one translation
+# ---------------------------------------------------------------------------------------
+#: modules whose exceptions describe bad data, not a bug in weknora_nb
+_FOREIGN_MODULES = ("pyarrow", "pandas", "yaml", "json", "csv", "zipfile", "gzip", "openpyxl")
+
+
+def is_foreign(exc: BaseException) -> bool:
+    """True for an exception a library raised about the data it was given (not one of ours, not a bug)."""
+    if isinstance(exc, WeknoraNbError):
+        return False
+    if isinstance(exc, (OSError, UnicodeError, EOFError)):
+        return True
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in _FOREIGN_MODULES
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line description of a foreign error, without the file name it may repeat."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid {exc.encoding.upper()} (byte offset {exc.start})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def translate_foreign(exc: BaseException, path: str | Path, *, kind: type[InputError] = InputError,
+                      action: str = "read") -> WeknoraNbError | None:
+    """The package's error for a foreign ``exc`` met while using ``path``, or None when it is not foreign.
+
+    Reading: an :class:`InputError` of ``kind`` naming the file (a missing file, a directory,
+    a permission, bad bytes, a truncated Parquet file, a malformed CSV, YAML or JSON).
+    Writing (``action="write"``): a :class:`StorageError` ("No space left on device",
+    "Read-only file system", "Permission denied").
+    """
+    if not is_foreign(exc):
+        return None
+    if action == "write" and isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            reason += " (free some space; what was written before is kept)"
+        return StorageError(getattr(exc, "filename", None) or path, reason)
+    return kind(path, _describe(exc))
+
+
+@contextmanager
+def reading(path: str | Path, kind: type[InputError] = InputError) -> Iterator[None]:
+    """Within the block, a foreign error becomes ``kind(path, ...)`` (ours and bugs pass through)."""
+    try:
+        yield
+    except Exception as exc:
+        ours = translate_foreign(exc, path, kind=kind)
+        if ours is None:
+            raise
+        raise ours from exc
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Within the block, an OS error while writing becomes a :class:`StorageError` naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        ours = translate_foreign(exc, path, action="write")
+        if ours is None:
+            raise
+        raise ours from exc

@@ -16,10 +16,19 @@ One row per returned chunk::
 
 Files: Parquet, CSV and JSONL (:func:`read_results`, :func:`write_results`); TREC run
 files (:func:`read_trec_run`, :func:`write_trec_run`).
+
+A results file is untrusted input: a file that cannot be read (a folder, no permission,
+empty, truncated, not UTF-8, a column given twice) is a :class:`ResultsError` naming it,
+and a value of the wrong type is a problem naming its row (or line) and field: an integer
+column holds integers of the int64 range (not ``1e20``, ``inf``, ``1.5``, a list or a
+boolean; NaN is an empty value), a number column numbers, an id column text (integers are
+read as their decimal text; bytes, lists, mappings, fractions are refused).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from weknora_nb.core.errors import Problem, ResultsError, UsageError
+from weknora_nb.core.errors import Problem, ResultsError, UsageError, reading
 from weknora_nb.core.files import atomic_path
 
 __all__ = ["REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "read_results", "write_results",
@@ -56,31 +65,23 @@ def read_results(path: str | Path, *, validate: bool = True) -> pd.DataFrame:
 
     String columns with few distinct values come back as ``category``. ``status`` is
     filled with ``"ok"`` when absent. Raises :class:`ResultsError` naming the row and
-    field of every problem (up to 200).
+    field of every problem (up to 200), and naming the file when it cannot be read at all
+    (a folder, no permission, empty, truncated, not UTF-8, a column given twice);
+    :class:`FileNotFoundError` when there is no such file.
     """
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"results file not found: {p}")
     suffix = p.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        names = pq.read_schema(p).names
-        table = pq.read_table(p, read_dictionary=[c for c in _CATEGORIES if c in names])
-        df = table.to_pandas()
-        first_row = 1
-    elif suffix == ".csv":
-        df = pd.read_csv(p, dtype={c: "string" for c in _STRINGS}, keep_default_na=False,
-                         na_values={c: [""] for c in _INTS + _FLOATS + _STRINGS}, encoding="utf-8-sig")
-        first_row = 2  # header on line 1: row r is on line r + 1
-    elif suffix in (".jsonl", ".ndjson", ".json"):
-        try:
-            df = pd.read_json(p, lines=True, dtype={c: "string" for c in _STRINGS}, encoding="utf-8")
-        except ValueError as exc:
-            raise ResultsError(p, [Problem(str(p), None, None, f"not valid JSON lines: {exc}")]) from exc
-        first_row = 1
-    else:
+    reader = _READERS.get(suffix)
+    if reader is None:
         raise ResultsError(p, [Problem(str(p), None, None,
                                        f"unsupported results format {suffix!r}; expected .parquet, .csv or .jsonl "
                                        "(TREC run files: read_trec_run)")])
+    if not p.is_file():
+        raise ResultsError(p, "is not a file (a folder?)")
+    with reading(p, ResultsError):
+        df, first_row = reader(p)
     problems: list[Problem] = []
     df = _coerce(df, str(p), problems, first_row=first_row)
     if validate:
@@ -90,38 +91,186 @@ def read_results(path: str | Path, *, validate: bool = True) -> pd.DataFrame:
     return df
 
 
+def _read_parquet(p: Path) -> tuple[pd.DataFrame, int]:
+    """A Parquet results file as a frame (text columns with few values as categories); rows are numbered from 1."""
+    schema = pq.read_schema(p)
+    _refuse_repeated_columns(schema.names, p)
+    text = [c for c in _CATEGORIES if c in schema.names and _arrow_is_text(schema.field(c).type)
+            and not pa.types.is_null(schema.field(c).type)]
+    return pq.read_table(p, read_dictionary=text).to_pandas(), 1
+
+
+def _read_csv(p: Path) -> tuple[pd.DataFrame, int]:
+    """A CSV results file as a frame (every column as text first); its header is line 1, row r is line r + 1."""
+    with open(p, encoding="utf-8-sig", newline="") as fh:
+        header = next(csv.reader(fh), [])
+    _refuse_repeated_columns(header, p)
+    df = pd.read_csv(p, dtype={c: "string" for c in _STRINGS}, keep_default_na=False,
+                     na_values={c: [""] for c in _INTS + _FLOATS + _STRINGS}, encoding="utf-8-sig")
+    return df, 2
+
+
+def _read_jsonl(p: Path) -> tuple[pd.DataFrame, int]:
+    """A JSON-lines results file as a frame (one object per non-blank line; values as JSON gave them,
+    converted by :func:`_coerce`); rows are numbered from 1. A line that is not a JSON object is a
+    problem naming its line."""
+    rows: list[dict] = []
+    problems: list[Problem] = []
+    with open(p, encoding="utf-8-sig") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as exc:  # bad JSON, an integer of > 4300 digits, deep nesting
+                problems.append(Problem(str(p), lineno, None, f"not valid JSON: {_one_line(exc)}"))
+            else:
+                if isinstance(row, dict):
+                    rows.append(row)
+                else:
+                    problems.append(Problem(str(p), lineno, None,
+                                            f"must be a JSON object (one row), got {type(row).__name__}"))
+            if len(problems) >= MAX_PROBLEMS:
+                break
+    if problems:
+        raise ResultsError(p, problems)
+    return pd.DataFrame.from_records(rows) if rows else pd.DataFrame(), 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line, at most 200 characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+_READERS: dict[str, Callable[[Path], tuple[pd.DataFrame, int]]] = {
+    ".parquet": _read_parquet, ".pq": _read_parquet, ".csv": _read_csv,
+    ".jsonl": _read_jsonl, ".ndjson": _read_jsonl, ".json": _read_jsonl}
+
+
+def _refuse_repeated_columns(names: list[str], path: str | Path) -> None:
+    """ResultsError naming the results columns that a file gives more than once (which one would count?)."""
+    known = set(REQUIRED_COLUMNS) | set(OPTIONAL_COLUMNS)
+    twice = sorted({n for n in names if n in known and names.count(n) > 1})
+    if twice:
+        raise ResultsError(path, f"column(s) {twice} appear more than once; keep one of each")
+
+
 def _coerce(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int = 1) -> pd.DataFrame:
-    """Check required columns and bring every known column to its dtype."""
+    """Check required columns and bring every known column to its dtype; a value that cannot be
+    converted is a problem (row and field named) and becomes missing."""
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         problems.append(Problem(path, None, None, f"missing column(s) {missing}; required: {list(REQUIRED_COLUMNS)}"))
         raise ResultsError(path, problems)
+    _refuse_repeated_columns([str(c) for c in df.columns], path)
     df = df.copy(deep=False)
     if "status" not in df.columns:
         df["status"] = "ok"
-    for c in _INTS:
-        if c in df.columns and not pd.api.types.is_integer_dtype(df[c]):
-            num = pd.to_numeric(df[c], errors="coerce")
-            bad = (num.isna() & df[c].notna()) | (num.notna() & (num != np.floor(num.fillna(0))))
-            _report(problems, path, df.index[bad.to_numpy()], c, "must be an integer", first_row,
-                    _value_at(df[c]))
-            df[c] = num.where(~bad).astype("Int64")
-    for c in _FLOATS:
-        if c in df.columns and not pd.api.types.is_float_dtype(df[c]):
-            num = pd.to_numeric(df[c], errors="coerce")
-            bad = num.isna() & df[c].notna()
-            _report(problems, path, df.index[bad.to_numpy()], c, "must be a number", first_row,
-                    _value_at(df[c]))
-            df[c] = num.astype("float64")
-    for c in _STRINGS:
-        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
-            df[c] = df[c].astype("string")
+    conversions = ((_INTS, _to_int64, "must be an integer"), (_FLOATS, _to_float64, "must be a number"),
+                   (_STRINGS, _to_text, "must be text"))
+    for columns, convert, message in conversions:
+        for c in columns:
+            if c not in df.columns:
+                continue
+            converted, bad = convert(df[c])
+            if bad is not None and bad.any():
+                _report(problems, path, np.flatnonzero(bad), c, message, first_row, _value_at(df[c]))
+            df[c] = converted
+    _check_sub_chunk_ids(df, path, problems, first_row)
     return df
 
 
+#: the int64 range, as floats: values at or beyond these bounds do not fit
+_INT64_LOW, _INT64_HIGH = -float(2**63), float(2**63)
+
+
+def _to_int64(s: pd.Series) -> tuple[pd.Series, np.ndarray | None]:
+    """``s`` as integers (unchanged when already signed integers, else ``Int64``) and the mask of
+    values given but not an integer of the int64 range (text, a fraction, NaN text, inf, 1e20,
+    a list, a boolean, a date); None when nothing can be wrong."""
+    if pd.api.types.is_signed_integer_dtype(s.dtype):
+        return s, None
+    given = s.notna().to_numpy(dtype=bool)
+    values = s.astype(object) if isinstance(s.dtype, pd.CategoricalDtype) else s
+    kind = getattr(values.dtype, "kind", "O")
+    if pd.api.types.is_bool_dtype(values.dtype) or kind not in "iufO":  # booleans, dates, durations, complex
+        return pd.Series(pd.array([pd.NA] * len(s), dtype="Int64"), index=s.index), given
+    num = values if kind in "uf" else pd.to_numeric(values, errors="coerce")
+    if pd.api.types.is_bool_dtype(num.dtype):
+        return pd.Series(pd.array([pd.NA] * len(s), dtype="Int64"), index=s.index), given
+    if num.dtype.kind == "u":
+        raw = num.to_numpy(dtype=np.uint64, na_value=0)
+        ok = num.notna().to_numpy(dtype=bool) & (raw <= np.uint64(2**63 - 1))
+        ints = np.where(ok, raw, 0).astype(np.int64)
+    elif num.dtype.kind == "i":
+        ok = num.notna().to_numpy(dtype=bool)
+        ints = num.to_numpy(dtype=np.int64, na_value=0)
+    else:
+        f = num.to_numpy(dtype=np.float64, na_value=np.nan)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(f) & (f == np.floor(f)) & (f >= _INT64_LOW) & (f < _INT64_HIGH)
+        ints = np.where(ok, f, 0).astype(np.int64)
+    out = pd.Series(pd.arrays.IntegerArray(ints, ~ok), index=s.index)
+    return out, given & ~ok
+
+
+def _to_float64(s: pd.Series) -> tuple[pd.Series, np.ndarray | None]:
+    """``s`` as float64 and the mask of values given but not a number (NaN and inf are numbers)."""
+    if pd.api.types.is_float_dtype(s.dtype):
+        return s, None
+    given = s.notna().to_numpy(dtype=bool)
+    values = s.astype(object) if isinstance(s.dtype, pd.CategoricalDtype) else s
+    kind = getattr(values.dtype, "kind", "O")
+    if pd.api.types.is_bool_dtype(values.dtype) or kind not in "iufO":
+        return pd.Series(np.full(len(s), np.nan), index=s.index), given
+    num = pd.to_numeric(values, errors="coerce")
+    if pd.api.types.is_bool_dtype(num.dtype):
+        return pd.Series(np.full(len(s), np.nan), index=s.index), given
+    f = pd.Series(num.to_numpy(dtype=np.float64, na_value=np.nan), index=s.index)
+    return f, given & f.isna().to_numpy(dtype=bool)
+
+
+def _is_text_value(v: object) -> bool:
+    """Whether one value of an object column can be an id: a string, an integer (its decimal text) or missing."""
+    if isinstance(v, str) or v is None or v is pd.NA or v is pd.NaT:
+        return True
+    if isinstance(v, (int, np.integer)):
+        return not isinstance(v, (bool, np.bool_))
+    return isinstance(v, (float, np.floating)) and bool(np.isnan(v))
+
+
+def _to_text(s: pd.Series) -> tuple[pd.Series, np.ndarray | None]:
+    """``s`` as strings (categories kept) and the mask of values given that are not text: a number
+    with a fraction, a boolean, bytes, a list, a mapping, a date. Integers read as their decimal text."""
+    if isinstance(s.dtype, pd.StringDtype):
+        return s, None
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        inferred = pd.api.types.infer_dtype(s.cat.categories, skipna=True)
+        if inferred in ("string", "empty", "integer"):
+            return s, None
+        s = s.astype(object)
+    kind = getattr(s.dtype, "kind", "O")
+    if kind in "iu" and not pd.api.types.is_bool_dtype(s.dtype):
+        return s.astype("string"), None
+    given = s.notna().to_numpy(dtype=bool)
+    if kind != "O":  # floats, booleans, dates: an id is never one of these
+        return pd.Series(pd.array([pd.NA] * len(s), dtype="string"), index=s.index), given
+    if pd.api.types.infer_dtype(s, skipna=True) in ("string", "empty"):
+        return s.astype("string"), None
+    bad = ~np.fromiter((_is_text_value(v) for v in s.to_numpy()), dtype=bool, count=len(s))
+    return s.where(~bad, None).astype("string"), bad
+
+
 def _value_at(column: pd.Series) -> Callable[[int], str]:
-    """What a problem shows for row position ``r`` of ``column``: its value, repr'd."""
-    return lambda r: repr(column.iloc[r])
+    """What a problem shows for row position ``r`` of ``column``: its value, repr'd as Python's
+    (``1e+20``, ``[1, 2]``, not ``np.float64(1e+20)``, ``array([1, 2])``)."""
+    def shown(r: int) -> str:
+        v = column.iloc[r]
+        v = v.tolist() if isinstance(v, np.ndarray) else v.item() if isinstance(v, np.generic) else v
+        text = repr(v)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return shown
 
 
 def _report(problems: list[Problem], path: str, rows, field: str, message: str, first_row: int,
@@ -140,10 +289,13 @@ def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int
     """Row-level checks (vectorised); raise :class:`ResultsError` listing every problem.
 
     Structural checks that need the rows grouped by request (a rank given twice, a
-    request both failed and with chunks) run when scoring.
+    request both failed and with chunks) run when scoring. A row and field already in
+    ``problems`` (a value that could not be converted) is not reported a second time.
     """
     problems = problems if problems is not None else []
-    ResultCodes.from_frame(df).check(path, first_row=first_row, problems=problems)
+    seen = {(p.line, p.field) for p in problems}
+    found = ResultCodes.from_frame(df).check(path, first_row=first_row)
+    problems += [p for p in found if (p.line, p.field) not in seen][: max(0, MAX_PROBLEMS - len(problems))]
     if problems:
         raise ResultsError(path, problems)
 
@@ -207,14 +359,9 @@ class ResultCodes:
         names = set(table.column_names) | set(const)
         if any(c not in names for c in ("query_id", "stage", "repeat", "rank", "chunk_id")):
             return None
+        if len(set(table.column_names)) != len(table.column_names) or not _fast_types(table.schema):
+            return None
         types = {c: table.schema.field(c).type for c in table.column_names}
-        if any(c in types and not _arrow_is_text(types[c]) for c in ("query_id", "stage", "chunk_id", "status")):
-            return None
-        if any(c in types and not pa.types.is_integer(types[c]) for c in ("repeat", "rank")):
-            return None
-        if "latency_ms" in types and not (pa.types.is_floating(types["latency_ms"])
-                                          or pa.types.is_integer(types["latency_ms"])):
-            return None
 
         def codes(name: str) -> tuple[np.ndarray, np.ndarray]:
             if name in const:
@@ -309,6 +456,25 @@ def _frame_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
     return values, (na if na.any() else None)
 
 
+def _arrow_int64(t: pa.DataType) -> bool:
+    """Whether every value of Arrow type ``t`` is an int64 (signed integers, unsigned up to 32 bits)."""
+    return pa.types.is_signed_integer(t) or (pa.types.is_unsigned_integer(t) and t.bit_width <= 32)
+
+
+def _fast_types(schema: pa.Schema) -> bool:
+    """Whether every results column of ``schema`` has a type the fast path takes as it is (text as
+    text, integers that fit int64, numbers as numbers); any other needs :func:`read_results`'s
+    conversion and its messages."""
+    for f in schema:
+        if f.name in _STRINGS and not _arrow_is_text(f.type):
+            return False
+        if f.name in _INTS and not _arrow_int64(f.type):
+            return False
+        if f.name in _FLOATS and not (pa.types.is_floating(f.type) or _arrow_int64(f.type)):
+            return False
+    return True
+
+
 def _arrow_is_text(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -379,7 +545,10 @@ def _arrow_ints(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
 def _constant_column(meta: pq.FileMetaData, name: str) -> str | int | None:
     """The single value of column ``name`` when the file's statistics show it holds one value
     and no null in every row group (string values under 64 bytes, never truncated), else None."""
-    index = meta.schema.names.index(name)
+    leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if leaves.count(name) != 1:
+        return None
+    index = leaves.index(name)
     value = None
     for g in range(meta.num_row_groups):
         st = meta.row_group(g).column(index).statistics
@@ -398,32 +567,43 @@ def read_results_for_scoring(path: str | Path) -> pd.DataFrame | ResultCodes:
 
     A Parquet file whose columns have the results-table types is read straight into
     :class:`ResultCodes` (only the columns scoring needs, no pandas conversion) and its
-    rows are checked as :func:`read_results` would; any other file, or one with merged
-    results to unfold (``sub_chunk_ids``), goes through :func:`read_results`.
+    rows are checked as :func:`read_results` would; any other file, one with a column of
+    another type, or one with merged results to unfold (``sub_chunk_ids``), goes through
+    :func:`read_results`. A file that cannot be read is a :class:`ResultsError` naming it.
     """
     p = Path(path)
-    if p.suffix.lower() not in (".parquet", ".pq") or not p.exists():
+    if p.suffix.lower() not in (".parquet", ".pq") or not p.is_file():
         return read_results(p)
-    meta = pq.read_metadata(p)
-    names = meta.schema.names
-    if "sub_chunk_ids" in names:
-        subs = pq.read_table(p, columns=["sub_chunk_ids"]).column("sub_chunk_ids")
-        if pa.types.is_string(subs.type) or pa.types.is_large_string(subs.type):
-            given = pc.utf8_trim_whitespace(pc.fill_null(subs, ""))
-            if pc.any(pc.invert(pc.is_in(given, pa.array(["", "[]"])))).as_py():
-                return read_results(p)
-    constant = {c: v for c, kind in (("stage", str), ("repeat", int), ("status", str)) if c in names
-                for v in [_constant_column(meta, c)] if isinstance(v, kind)}
-    wanted = [c for c in ("query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms")
-              if c in names and c not in constant]
-    table = pq.read_table(p, columns=wanted, read_dictionary=[c for c in _CATEGORIES if c in wanted])
-    codes = ResultCodes.from_arrow(table, constant)
+    with reading(p, ResultsError):
+        codes = _parquet_codes(p)
     if codes is None:
         return read_results(p)
     problems = codes.check(str(p))
     if problems:
         raise ResultsError(p, problems)
     return codes
+
+
+def _parquet_codes(p: Path) -> ResultCodes | None:
+    """The fast path's read of a Parquet file: its scoring columns as codes, or None when the file
+    needs :func:`read_results` (a column given twice or of another type, merged results to unfold)."""
+    meta = pq.read_metadata(p)
+    schema = meta.schema.to_arrow_schema()
+    names = schema.names
+    if len(set(names)) != len(names) or not _fast_types(schema):
+        return None
+    if "sub_chunk_ids" in names:
+        subs = pq.read_table(p, columns=["sub_chunk_ids"]).column("sub_chunk_ids")
+        if pa.types.is_string(subs.type) or pa.types.is_large_string(subs.type):
+            given = pc.utf8_trim_whitespace(pc.fill_null(subs, ""))
+            if pc.any(pc.invert(pc.is_in(given, pa.array(["", "[]"])))).as_py():
+                return None
+    constant = {c: v for c, kind in (("stage", str), ("repeat", int), ("status", str)) if c in names
+                for v in [_constant_column(meta, c)] if isinstance(v, kind)}
+    wanted = [c for c in ("query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms")
+              if c in names and c not in constant]
+    table = pq.read_table(p, columns=wanted, read_dictionary=[c for c in _CATEGORIES if c in wanted])
+    return ResultCodes.from_arrow(table, constant)
 
 
 def write_results(df: pd.DataFrame, path: str | Path) -> Path:
@@ -453,12 +633,19 @@ def read_trec_run(path: str | Path, *, stage: str | None = None, repeat: int = 1
     """Read a TREC run file (``qid Q0 chunk_id rank score tag``).
 
     The file's rank column is taken as the returned order. ``stage`` defaults to the
-    run tag. Every malformed line is reported with its number.
+    run tag. Every malformed line is reported with its number (a rank must be an integer
+    from 1 to 2^63 - 1); a file that cannot be read (a folder, not UTF-8) is a
+    :class:`ResultsError` naming it.
     """
     p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"results file not found: {p}")
+    if not p.is_file():
+        raise ResultsError(p, "is not a file (a folder?)")
+    with reading(p, ResultsError):
+        text = p.read_bytes().decode("utf-8-sig", errors="strict")
     problems: list[Problem] = []
     rows = []
-    text = p.read_bytes().decode("utf-8-sig", errors="strict")
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -472,6 +659,11 @@ def read_trec_run(path: str | Path, *, stage: str | None = None, repeat: int = 1
             r = int(rank)
         except ValueError:
             problems.append(Problem(str(p), lineno, "rank", f"must be an integer, got {rank!r}"))
+            continue
+        if not 1 <= r < 2**63:
+            problems.append(Problem(str(p), lineno, "rank",
+                                    ("must be >= 1 (ranks are 1-based)" if r < 1 else "must be an integer below 2^63")
+                                    + f", got {rank!r}"))
             continue
         try:
             s = float(score)
@@ -540,19 +732,24 @@ def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """
     if "sub_chunk_ids" not in df.columns or not df["sub_chunk_ids"].notna().any():
         return df, 0
-    import json
-
     subs = df["sub_chunk_ids"].astype("string")
-    has = subs.notna() & (subs != "") & (subs != "[]")
+    blank = subs.str.strip()
+    has = (subs.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
     if not has.any():
         return df, 0
+    lists, bad = _sub_chunk_lists(subs[has])
+    if len(bad):
+        problems: list[Problem] = []
+        _report(problems, "<results>", np.flatnonzero(has)[bad], "sub_chunk_ids", _SUB_CHUNKS_FORMAT, 1,
+                _value_at(subs))
+        raise ResultsError("<results>", problems)
     base = df.copy()
     for c in base.columns:
         if isinstance(base[c].dtype, pd.CategoricalDtype):
             base[c] = base[c].astype("string")
     base["_sub"] = 0
-    extra = base[has.to_numpy()].copy()
-    extra["_ids"] = [json.loads(x) for x in subs[has]]
+    extra = base[has].copy()
+    extra["_ids"] = lists
     extra = extra.explode("_ids")
     extra = extra[extra["_ids"].notna()]
     n = len(extra)
@@ -569,3 +766,40 @@ def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     new_rank = out[has_chunk].groupby(keys, sort=False, observed=True).cumcount() + 1
     out["rank"] = pd.array(pd.Series(pd.NA, index=out.index, dtype="Int64").mask(has_chunk, new_rank), dtype="Int64")
     return out.drop(columns="_sub").reset_index(drop=True), n
+
+
+_SUB_CHUNKS_FORMAT = 'must be a JSON list of chunk ids such as ["c1", "c2"]'
+
+
+def _sub_chunk_lists(subs: pd.Series) -> tuple[list[list], np.ndarray]:
+    """Each value of ``subs`` (text) parsed as a JSON list of chunk ids (strings or integers; nulls
+    are skipped later), and the positions of the values that are not such a list."""
+    lists: list[list] = []
+    bad: list[int] = []
+    for i, text in enumerate(subs.tolist()):
+        try:
+            ids = json.loads(text)
+        except (ValueError, RecursionError):
+            ids = None
+        ok = isinstance(ids, list) and all(
+            x is None or isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in ids)
+        lists.append(ids if ok else [])
+        if not ok:
+            bad.append(i)
+    return lists, np.asarray(bad, dtype=np.int64)
+
+
+def _check_sub_chunk_ids(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int) -> None:
+    """A problem per row whose ``sub_chunk_ids`` is given but not a JSON list of chunk ids; those become missing."""
+    if "sub_chunk_ids" not in df.columns:
+        return
+    subs = df["sub_chunk_ids"]
+    blank = subs.str.strip()
+    has = (subs.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
+    if not has.any():
+        return
+    _, bad = _sub_chunk_lists(subs[has])
+    if len(bad):
+        rows = np.flatnonzero(has)[bad]
+        _report(problems, path, rows, "sub_chunk_ids", _SUB_CHUNKS_FORMAT, first_row, _value_at(subs))
+        df["sub_chunk_ids"] = subs.mask(np.isin(np.arange(len(subs)), rows))

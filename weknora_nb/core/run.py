@@ -21,27 +21,34 @@ A run folder (``outputs/runs/<name>/``) holds:
     run.inventory()                  # the chunk listing, or None
     run.effective_retrieval_config   # the settings knowledge-search ran with (C30)
     run.settings_source("citations") # "server conversation config"
+
+A run folder is untrusted input (it may come from anyone): :func:`read_manifest` checks the
+shape of every manifest field the package reads, and the run name with
+:func:`check_run_name`, because the name decides where ``report`` writes. A relative
+``testset.path`` is looked for from the run folder first, then from the current folder
+(older runs stored the path as typed).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from weknora_nb.core.errors import NotComparableError, RunFolderError, UsageError
+from weknora_nb.core.errors import InputError, NotComparableError, RunFolderError, UsageError, reading
 from weknora_nb.core.pipeline import focus_stage
 from weknora_nb.core.results import read_results
 from weknora_nb.core.scoring import Scores, score
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.core.weknora import SETTINGS_SOURCES, effective_retrieval_config
 
-__all__ = ["MANIFEST", "CHECKPOINT", "RESULTS", "CHUNKS", "ANSWERS", "Run", "load_run", "read_manifest",
-           "iter_runs", "flatten"]
+__all__ = ["MANIFEST", "CHECKPOINT", "RESULTS", "CHUNKS", "ANSWERS", "RUN_NAME_MAX", "Run", "load_run",
+           "read_manifest", "check_run_name", "iter_runs", "flatten"]
 
 MANIFEST = "manifest.json"
 CHECKPOINT = "checkpoint.jsonl"
@@ -59,10 +66,17 @@ class Run:
     results: pd.DataFrame
     testset: TestSet
     scores: Scores
+    #: the hash of the test-set version the run was re-scored on, when not the one it was collected with
+    rescored_on: str | None = None
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("run_name") or self.path.name)
+        """The manifest's ``run_name``, else the run folder's name; checked by :func:`check_run_name`
+        (it names the report folder), so a :class:`RunFolderError` when it is not one safe folder name."""
+        recorded = self.manifest.get("run_name")
+        if recorded is None:
+            return check_run_name(self.path.resolve().name, f"{self.path / MANIFEST} (no run name: the folder's name)")
+        return check_run_name(recorded, self.path / MANIFEST)
 
     @property
     def stages(self) -> list[str]:
@@ -140,7 +154,10 @@ class Run:
     def inventory(self) -> pd.DataFrame | None:
         """The knowledge base's chunk listing recorded with the run, or None when it was not fetched."""
         p = self.path / CHUNKS
-        return pd.read_parquet(p) if p.exists() else None
+        if not p.exists():
+            return None
+        with reading(p, InputError):
+            return pd.read_parquet(p)
 
 
 def _is_split(recorded: dict[str, Any]) -> bool:
@@ -148,45 +165,175 @@ def _is_split(recorded: dict[str, Any]) -> bool:
     return "raw" in recorded and "effective" in recorded
 
 
+#: the longest run name, in characters (and at most twice that in UTF-8 bytes: a folder name
+#: has at most 255 bytes on most file systems)
+RUN_NAME_MAX = 120
+
+#: characters a file name cannot hold on Windows (``:`` would also name a drive there)
+_WINDOWS_FORBIDDEN = '<>:"|?*'
+_WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+                    *(f"LPT{i}" for i in range(1, 10))}
+
+
+def _run_name_problem(name: object) -> str | None:
+    """What makes ``name`` unusable as a run name, or None (the rule of :func:`check_run_name`)."""
+    if not isinstance(name, str):
+        return f"must be a string, not {type(name).__name__}"
+    if not name:
+        return "must not be empty"
+    if name in (".", ".."):
+        return "must not be '.' or '..'"
+    if name.startswith("."):
+        return "must not start with '.' (a hidden folder)"
+    if "/" in name or "\\" in name:
+        return "must be one folder name, without '/' or '\\'"
+    control = next((c for c in name if unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs")), None)
+    if control is not None:
+        return f"must not hold control characters or line breaks (U+{ord(control):04X})"
+    if len(name) > RUN_NAME_MAX or len(name.encode("utf-8")) > 2 * RUN_NAME_MAX:
+        return f"must be at most {RUN_NAME_MAX} characters ({2 * RUN_NAME_MAX} bytes in UTF-8)"
+    bad = sorted({c for c in name if c in _WINDOWS_FORBIDDEN})
+    if bad:
+        return f"must not hold {' '.join(bad)} (not allowed in file names on Windows)"
+    if name != name.strip() or name.endswith("."):
+        return "must not start or end with a space, nor end with '.'"
+    if name.split(".")[0].upper() in _WINDOWS_DEVICES:
+        return "must not be a Windows device name (CON, PRN, AUX, NUL, COM1-9, LPT1-9)"
+    return None
+
+
+def check_run_name(name: object, source: str | Path, *, error: Callable[[str], Exception] = RunFolderError) -> str:
+    """``name`` when it can name a run (and so its report folder), else ``error`` naming ``source``
+    and the field ``run_name``.
+
+    A run name is one safe folder name: a non-empty string of at most :data:`RUN_NAME_MAX`
+    characters (and twice that many UTF-8 bytes); no ``/`` or ``\\``; no control character,
+    line break or lone surrogate; not ``.`` or ``..``; no leading ``.`` (a hidden report folder
+    is easily lost); and, so that runs and reports can be copied to any system, none of
+    ``< > : " | ? *``, no leading or trailing space, no trailing ``.`` and no Windows device
+    name (``CON``, ``NUL``, ``COM1``, ...). The collector calls this before it writes a
+    manifest, :func:`read_manifest` when it reads one, the report renderer before it makes a
+    folder. ``source`` is what the message names (a manifest file, ``--out``); ``error`` the
+    class raised (:class:`RunFolderError`, or :class:`UsageError` for an option).
+    """
+    problem = _run_name_problem(name)
+    if problem is not None:
+        shown = repr(name)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise error(f"{source}, field 'run_name': a run name {problem}. Got {shown} instead.")
+    assert isinstance(name, str)
+    return name
+
+
+#: manifest fields the package reads, and the JSON types each may have (None: the field may be null)
+_MANIFEST_SHAPE: dict[str, tuple[type, ...]] = {
+    "testset": (dict,), "stages": (dict,), "notes": (list,), "knowledge_bases": (dict,), "sessions": (dict,),
+    "server": (dict,), "retrieval_config": (dict,), "started_at": (str,),
+}
+_JSON_TYPE: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+
+
+def _manifest_problems(manifest: dict[str, Any]) -> list[str]:
+    """Each manifest field the package reads that has the wrong shape, as ``field 'F': ...``."""
+    problems = []
+    for key, types in _MANIFEST_SHAPE.items():
+        value = manifest.get(key)
+        if value is not None and not isinstance(value, types):
+            problems.append(f"field '{key}' must be {_JSON_TYPE[types[0]]}, not {type(value).__name__}")
+    testset = manifest.get("testset")
+    if isinstance(testset, dict):
+        path, digest = testset.get("path"), testset.get("hash")
+        if path is not None and (not isinstance(path, str) or not path or "\x00" in path):
+            problems.append(f"field 'testset.path' must be a file path (a non-empty string). Got {path!r} instead.")
+        if digest is not None and not isinstance(digest, str):
+            problems.append(f"field 'testset.hash' must be a string. Got {digest!r} instead.")
+    if isinstance(manifest.get("stages"), dict):
+        problems += [f"field 'stages.{name}' must be an object, not {type(d).__name__}"
+                     for name, d in manifest["stages"].items() if not isinstance(d, dict)]
+    if isinstance(manifest.get("notes"), list) and not all(isinstance(n, str) for n in manifest["notes"]):
+        problems.append("field 'notes' must be a list of strings")
+    return problems
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The manifest of the run folder ``path``; :class:`RunFolderError` when there is none or it is damaged."""
+    """The manifest of the run folder ``path``; :class:`RunFolderError` when there is none, it cannot
+    be read or is not a JSON object, a field the package reads has the wrong shape, or its
+    ``run_name`` is not a safe folder name (:func:`check_run_name`)."""
     p = Path(path)
     mpath = p / MANIFEST
     if not mpath.is_file():
         raise RunFolderError(f"{p} is not a run folder (no {MANIFEST})")
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunFolderError(f"{mpath} cannot be read: {exc}") from exc
+        with reading(mpath):
+            text = mpath.read_text(encoding="utf-8")
+            manifest = _parse_json(text)
+    except InputError as exc:
+        raise RunFolderError(f"{mpath} cannot be read: {exc.problems[0].message}") from exc
     if not isinstance(manifest, dict):
         raise RunFolderError(f"{mpath} is not a JSON object")
+    problems = _manifest_problems(manifest)
+    if problems:
+        raise RunFolderError(f"{mpath}: " + "; ".join(problems))
+    if manifest.get("run_name") is not None:
+        check_run_name(manifest["run_name"], mpath)
     return manifest
 
 
+def _parse_json(text: str) -> Any:
+    """``json.loads(text)``; what the json module raises as a plain ValueError (an integer of more
+    than 4300 digits) or a RecursionError (deep nesting) becomes a JSONDecodeError, so that
+    :func:`~weknora_nb.core.errors.reading` names the file."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise json.JSONDecodeError(f"not usable JSON ({type(exc).__name__}: {exc})", text[:0], 0) from exc
+
+
 def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
-             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0) -> Run:
+             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0,
+             other_version: bool = False) -> Run:
     """Load a run folder and score it against its test set (from the manifest unless given).
 
-    The test set's hash must match the one the run recorded; ``domain_adjustment`` (0, or
-    0.05-0.10) lowers the acceptance thresholds of the tiers.
+    The test set's hash must match the one the run recorded, unless ``other_version`` (a
+    later version of the test set, docs/method.md section 10: the run is re-scored on it and
+    :attr:`Run.rescored_on` says so); ``domain_adjustment`` (0, or 0.05-0.10) lowers the
+    acceptance thresholds of the tiers. A relative test-set path in the manifest is looked for
+    from the run folder, then from the current folder (:class:`RunFolderError` when it is in
+    neither).
     """
     p = Path(path)
     manifest = read_manifest(p)
-    if testset is None:
-        tpath = (manifest.get("testset") or {}).get("path")
-        if not tpath:
-            raise RunFolderError(f"{p / MANIFEST} records no test-set path; pass testset=")
-        testset = tpath
-    ts = testset if isinstance(testset, TestSet) else load_testset(testset)
+    ts = testset if isinstance(testset, TestSet) else load_testset(testset or _recorded_testset(p, manifest))
     recorded = (manifest.get("testset") or {}).get("hash")
-    if recorded and recorded != ts.hash:
+    if recorded and recorded != ts.hash and not other_version:
         raise NotComparableError(f"{p}: the test set given ({ts.hash[:19]}...) is not the one this run was "
                                  f"collected with ({recorded[:19]}...)")
     if not (p / RESULTS).is_file():
         raise RunFolderError(f"{p} holds no {RESULTS}: the collection has not finished (resume it with --resume)")
     results = read_results(p / RESULTS)
     scores = score(ts, results, metrics, source=str(p / RESULTS), domain_adjustment=domain_adjustment)
-    return Run(p, manifest, results, ts, scores)
+    return Run(p, manifest, results, ts, scores, rescored_on=ts.hash if recorded and recorded != ts.hash else None)
+
+
+def _recorded_testset(run_dir: Path, manifest: dict[str, Any]) -> Path:
+    """The test set the manifest of ``run_dir`` names (``testset.path``): an absolute path as it is,
+    a relative one from the run folder, else from the current folder; RunFolderError naming the
+    manifest, the field and the path when there is none or no such file."""
+    stored = (manifest.get("testset") or {}).get("path")
+    mpath = run_dir / MANIFEST
+    if not stored:
+        raise RunFolderError(f"{mpath} records no test-set path (field 'testset.path'); "
+                             "pass the test set explicitly (testset= in Python, --testset on the command line)")
+    given = Path(stored)
+    candidates = [given] if given.is_absolute() else [run_dir / given, given]
+    found = next((c for c in candidates if c.exists()), None)
+    if found is None:
+        where = "" if given.is_absolute() else " (looked for from the run folder and from the current folder)"
+        raise RunFolderError(f"{mpath}, field 'testset.path': the test set {stored!r} does not exist{where}; "
+                             "pass the test set explicitly (testset= in Python, --testset on the command line)")
+    return found
 
 
 def iter_runs(root: str | Path) -> list[Path]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from weknora_nb.core.errors import Problem, ResultsError, UsageError
-from weknora_nb.core.metrics import Metric, RankedLists, compute, parse_metrics
+from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
 from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
@@ -59,6 +59,10 @@ GRID_SLACK = 1_000_000
 SUB_CHUNKS = ("expand", "ignore")
 
 _INVALID = "invalid query (no chunk of grade >= 1)"
+
+#: :attr:`Counts.incomplete_reason` when there is nothing to score
+NO_ROWS = "the results file has no rows"
+NO_TESTSET_ROW = "no row belongs to a query of the test set"
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,9 @@ class Counts:
     stages : list of str
         Stages scored, in report order; ``repeats``: the distinct repeat numbers, ascending.
     complete : bool
-        No request failed, is missing or names an unknown query (derived, not passed).
+        Something was scored and nothing is left out: the results have rows, one of them
+        at least belongs to a query of the test set, and no request failed, is missing or
+        names an unknown query (derived, not passed; :attr:`incomplete_reason` says why not).
     """
 
     n_queries: int
@@ -108,8 +114,21 @@ class Counts:
     complete: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "complete",
-                           self.n_failed == 0 and self.n_missing == 0 and self.n_unknown_query == 0)
+        object.__setattr__(self, "complete", self.incomplete_reason is None)
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why the run is not complete, in plain words (derived from the counts; None when it is):
+        ``"the results file has no rows"``, ``"no row belongs to a query of the test set"``, or
+        ``"F failed, M missing and U unknown-query requests"``."""
+        if self.n_requests == 0:  # every row belongs to a request: no request, no row
+            return NO_ROWS
+        if self.n_requests - self.n_missing - self.n_unknown_query <= 0:
+            return NO_TESTSET_ROW
+        if self.n_failed or self.n_missing or self.n_unknown_query:
+            return (f"{self.n_failed} failed, {self.n_missing} missing and {self.n_unknown_query} "
+                    "unknown-query requests")
+        return None
 
     def to_dict(self) -> dict:
         """Every field by name, in the order above (a deep copy: plain lists and dicts)."""
@@ -173,7 +192,8 @@ class Scores:
 
     @property
     def complete(self) -> bool:
-        """False when any request failed, is missing, or names an unknown query."""
+        """False when nothing was scored (no row, no row of a test-set query) or any request failed,
+        is missing, or names an unknown query (:attr:`Counts.incomplete_reason` says which)."""
         return self.counts.complete
 
     def summary_wide(self, value: str = "mean") -> pd.DataFrame:
@@ -205,6 +225,7 @@ class Scores:
                        for r in self.summary.itertuples()},
             "counts": self.counts.to_dict(),
             "complete": self.complete,
+            "incomplete_reason": self.counts.incomplete_reason,
             "warnings": self.warnings,
             "testset_hash": self.testset_hash,
             "domain_adjustment": self.domain_adjustment,
@@ -731,7 +752,29 @@ def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: Te
     rl = RankedLists(req=new_id[cell_req], pos=cell_col + 1, grade=grade[cell_req, cell_col], n_req=len(sc),
                      req_query=sel.ts_query[sc], n_q=len(testset.queries), n_rel=lab.n_rel, ideal_q=lab.ideal_q,
                      ideal_pos=lab.ideal_pos, ideal_grade=lab.ideal_grade)
+    if any(m.family in NEEDS_ALL_LABELS for m in mets):
+        judged_req, judged_pos = _labelled_cells(req, sel, top, testset)
+        rl = replace(rl, judged_req=new_id[judged_req], judged_pos=judged_pos,
+                     n_distinct=(top[sc] >= 0).sum(axis=1))
     return {m.name: compute(rl, m) for m in mets}
+
+
+def _labelled_cells(req: _Requests, sel: _Selection, top: np.ndarray, testset: TestSet
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The cells of ``top`` whose chunk carries a label for its query, grade 0 included, as
+    (request, 1-based position), row-major: what label coverage (``judged@K``) counts."""
+    qrels = testset.qrels
+    q = _index_in(_text(qrels["query_id"]), testset.queries["query_id"])
+    enc = pc.dictionary_encode(_text(qrels["chunk_id"]))
+    chunks = enc.dictionary.to_numpy(zero_copy_only=False)
+    width = max(len(chunks), 1)
+    labelled = np.unique(q * width + enc.indices.to_numpy().astype(np.int64))
+    top_lab = np.append(_index_in(req.codes.chunks, chunks), -1)[top]
+    key = sel.ts_query[:, None].astype(np.int64) * width + top_lab
+    key[top_lab < 0] = -1  # never a label key
+    found = _lookup(key.ravel(), labelled, np.ones(len(labelled), np.int8)).reshape(top.shape)
+    cell_req, cell_col = np.nonzero(found)
+    return cell_req, cell_col + 1
 
 
 # -- 6. tables, counts, warnings ------------------------------------------------------------
@@ -880,14 +923,17 @@ def _counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: _Selection, lists: 
 
 def _warnings(counts: Counts, domain_adjustment: float) -> list[str]:
     """The plain-words warnings every report shows (each also logged at INFO): too few valid
-    queries, invalid queries, an incomplete run, duplicates removed, lowered thresholds."""
+    queries, invalid queries, an incomplete run (or one where nothing was scored), duplicates
+    removed, lowered thresholds."""
     warnings = []
     significance = significance_warning(counts.n_valid)
     if significance:
         warnings.append(significance)
     if counts.n_invalid:
         warnings.append(f"{counts.n_invalid} invalid queries (no chunk of grade >= 1) are excluded from every mean.")
-    if not counts.complete:
+    if counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
+        warnings.append(f"The run is incomplete: {counts.incomplete_reason}, so nothing was scored.")
+    elif not counts.complete:
         warnings.append(f"The run is incomplete: {counts.n_failed} failed, {counts.n_missing} missing and "
                         f"{counts.n_unknown_query} unknown-query requests are excluded from the means.")
     if counts.n_duplicates_removed:

@@ -5,7 +5,8 @@ A test set is a list of records (docs/method.md section 1)::
     {"query_id": "q001", "query": "...", "relevant": {"chunk-id": 3, "other-id": 1},
      "query_type": "procedural", "tags": ["long-tail"], "answer": "..."}
 
-``query_type``, ``tags`` and ``answer`` are optional. Grades are integers 0-3
+``query_type``, ``tags``, ``answer`` and ``weight`` (how often the query was asked in real
+traffic, an integer >= 1, docs/method.md section 10) are optional. Grades are integers 0-3
 (3 fully relevant, 2 highly relevant, 1 partly relevant, 0 not relevant); a chunk
 absent from ``relevant`` has grade 0. A query with no grade >= 1 is *invalid*: it
 stays in the test set, is excluded from every mean, and is counted and listed.
@@ -14,26 +15,38 @@ Formats read by :func:`load_testset`: canonical JSONL, CSV (``relevant`` as JSON
 or ``id:grade;id:grade``), Parquet, a WeKnora dataset folder (``queries.parquet``,
 ``qrels.parquet``, optional ``answers.parquet`` + ``qas.parquet``), and TREC qrels with
 a topics file (:func:`load_trec_qrels`). Every problem is reported at once, with
-file, line (or row) and field; nothing is half-loaded.
+file, line (or row) and field; nothing is half-loaded. Nothing collapses silently: a
+key written twice in one JSON object, a chunk labelled twice, two ids that are equal once
+surrounding whitespace is removed, a CSV quote that is never closed are all problems.
+
+Memory: a loaded test set is held as its two DataFrames only (Arrow-backed strings);
+:meth:`TestSet.records` rebuilds the plain dicts on demand. Files are read as a stream,
+and validated records are gathered in column batches, so loading 1,000,000 queries stays
+under 1 GB (``benchmarks/testset_memory.py``).
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from weknora_nb.core.errors import Problem, TestSetError, UsageError
+from weknora_nb.core.errors import Problem, TestSetError, UsageError, reading, writing
 from weknora_nb.core.pipeline import MIN_VALID_QUERIES
 
 __all__ = ["TestSet", "load_testset", "load_trec_qrels"]
@@ -41,7 +54,16 @@ __all__ = ["TestSet", "load_testset", "load_trec_qrels"]
 log = logging.getLogger(__name__)
 
 GRADES = (0, 1, 2, 3)
-KNOWN_FIELDS = {"query_id", "query", "relevant", "query_type", "tags", "answer"}
+KNOWN_FIELDS = {"query_id", "query", "relevant", "query_type", "tags", "answer", "weight"}
+_REQUIRED = ("query_id", "query", "relevant")
+#: records gathered as Python values before they become Arrow arrays
+_BATCH = 16_384
+_TEXT = pa.large_string()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_GRADE_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
+_SAME_ONCE_STRIPPED = "are the same id once surrounding whitespace is removed"
+#: ``bad(field, message)``: records a problem at the line (or row) being checked
+_Bad = Callable[[str | None, str], None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,11 +73,13 @@ class TestSet:
     Attributes
     ----------
     queries : DataFrame
-        One row per query: ``query_id``, ``query``, ``query_type`` (or None),
-        ``tags`` (list of str), ``answer`` (or None), ``n_labelled`` (chunks with a
-        grade, 0 included), ``n_relevant`` (chunks with grade >= 1), ``valid``.
+        One row per query: ``query_id``, ``query``, ``query_type`` (or missing),
+        ``tags`` (a list of str per query, held as an Arrow list column), ``answer`` (or
+        missing), ``weight`` (nullable Int64: the traffic weight, or missing), ``n_labelled`` (chunks with a grade, 0 included), ``n_relevant`` (chunks
+        with grade >= 1), ``valid``. Text columns are pandas' default string dtype.
     qrels : DataFrame
-        One row per label: ``query_id``, ``chunk_id``, ``grade`` (int8, 0-3).
+        One row per label: ``query_id``, ``chunk_id``, ``grade`` (int8, 0-3), the labels
+        of each query together and in file order.
     source : str
         Where it was loaded from.
     """
@@ -65,13 +89,15 @@ class TestSet:
     queries: pd.DataFrame
     qrels: pd.DataFrame
     source: str = "<memory>"
-    _records: tuple = field(default=(), repr=False)
 
     # -- construction ---------------------------------------------------------------
     @classmethod
     def from_records(cls, records: Iterable[dict[str, Any]], source: str = "<records>") -> TestSet:
         """Validate plain dicts (the JSONL schema) and build a test set."""
-        return _build(((i, r) for i, r in enumerate(records, start=1)), source, where="record")
+        builder = _Builder(source, "record")
+        for i, rec in enumerate(records, start=1):
+            builder.add(i, rec)
+        return builder.build()
 
     # -- views ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -104,20 +130,27 @@ class TestSet:
         tags; independent of file format, record order and key order. Reference
         answers are not covered: editing one does not change what retrieval is scored
         against, so runs stay comparable.
+
+        The digest is SHA-256 of the UTF-8 JSON text (``ensure_ascii=False``, separators
+        ``,`` and ``:``) of the list, sorted by query id, of ``[query_id, query,
+        sorted([chunk_id, grade] pairs), query_type or null, sorted(tags)]``; it is fed
+        to the digest in slices, built with Arrow, never as one text.
         """
-        canon = []
-        for rec in sorted(self._records, key=lambda r: r["query_id"]):
-            canon.append([
-                rec["query_id"], rec["query"],
-                sorted(rec["relevant"].items()),
-                rec.get("query_type"), sorted(rec.get("tags") or []),
-            ])
-        blob = json.dumps(canon, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
+        return _content_hash(self.queries, self.qrels)
 
     def records(self) -> list[dict[str, Any]]:
-        """The records as plain dicts (canonical JSONL schema), in file order."""
-        return [dict(r, relevant=dict(r["relevant"]), tags=list(r.get("tags") or [])) for r in self._records]
+        """The records as plain dicts (canonical JSONL schema), in file order; fresh objects each call."""
+        q = self.queries
+        relevant = _relevant_dicts(q, self.qrels)
+        out = []
+        cols = q[["query_id", "query", "query_type", "tags", "answer", "weight"]].itertuples(index=False, name=None)
+        for (qid, text, qtype, tags, answer, weight), rel in zip(cols, relevant, strict=True):
+            out.append({"query_id": qid, "query": text, "relevant": rel,
+                        "query_type": qtype if isinstance(qtype, str) else None,
+                        "tags": list(tags) if isinstance(tags, (list, tuple, np.ndarray)) else [],
+                        "answer": answer if isinstance(answer, str) else None,
+                        "weight": None if pd.isna(weight) else int(weight)})
+        return out
 
     def subset(self, query_ids: Iterable[str]) -> TestSet:
         """A test set holding only ``query_ids`` (file order kept)."""
@@ -128,12 +161,11 @@ class TestSet:
     # -- export -------------------------------------------------------------------------
     def to_jsonl(self, path: str | Path) -> None:
         """Write the canonical JSONL (UTF-8, one record a line)."""
-        lines = []
-        for rec in self.records():
-            out = {k: v for k, v in rec.items() if v not in (None, [])}
-            out.setdefault("relevant", {})
-            lines.append(json.dumps(out, ensure_ascii=False))
-        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        with writing(path), open(path, "w", encoding="utf-8", newline="\n") as fh:
+            for rec in self.records():
+                out = {k: v for k, v in rec.items() if v not in (None, [])}
+                out.setdefault("relevant", {})
+                fh.write(json.dumps(out, ensure_ascii=False) + "\n")
 
     def to_trec_qrels(self, path: str | Path, topics_path: str | Path | None = None) -> None:
         """Write TREC qrels (``qid 0 chunk_id grade``), and optionally a topics TSV.
@@ -149,11 +181,145 @@ class TestSet:
                                      "(its fields are whitespace-separated); rename it first", argument=kind,
                                      allowed="an id without whitespace", got=ident)
             rows.append(f"{q} 0 {c} {int(g)}")
-        Path(path).write_text("\n".join(rows) + ("\n" if rows else ""), encoding="utf-8")
+        with writing(path):
+            Path(path).write_text("\n".join(rows) + ("\n" if rows else ""), encoding="utf-8")
         if topics_path is not None:
-            with open(topics_path, "w", encoding="utf-8") as fh:
+            with writing(topics_path), open(topics_path, "w", encoding="utf-8") as fh:
                 for qid, text in self.queries[["query_id", "query"]].itertuples(index=False):
                     fh.write(f"{qid}\t{' '.join(text.split())}\n")
+
+
+# ---------------------------------------------------------------------------------------
+# the content hash and the records, from the two frames
+# ---------------------------------------------------------------------------------------
+def _arrow_text(col: pd.Series) -> pa.ChunkedArray:
+    """A column of strings (missing values null) as Arrow large_string, without copying Arrow-backed text."""
+    arr = pa.array(col.to_numpy(), from_pandas=True) if isinstance(col.dtype, np.dtype) else pa.array(col.array)
+    arr = arr if isinstance(arr, pa.ChunkedArray) else pa.chunked_array([arr])
+    return pa.chunked_array([], _TEXT) if not len(arr) else pc.cast(arr, _TEXT) if arr.type != _TEXT else arr
+
+
+def _positions(values: pd.Series, value_set: pd.Series) -> np.ndarray:
+    """Position (int32) of each of ``values`` in ``value_set`` (distinct strings), -1 where absent."""
+    if not len(values):
+        return np.zeros(0, np.int32)
+    found = pc.index_in(_arrow_text(values), value_set=_arrow_text(value_set).combine_chunks())
+    return found.fill_null(-1).to_numpy().astype(np.int32, copy=False)
+
+
+def _take(arr: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """``arr.take(rows)``, chunk by chunk: Arrow's own take on a chunked array first joins every chunk into one."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if arr.num_chunks <= 1:
+        return (arr.chunk(0) if arr.num_chunks else pa.array([], arr.type)).take(pa.array(rows))
+    starts = np.cumsum([0] + [len(c) for c in arr.chunks])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    by = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[by], np.arange(arr.num_chunks + 1))
+    parts = [arr.chunk(k).take(pa.array(rows[by[lo:hi]] - starts[k]))
+             for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)) if hi > lo]
+    merged = pa.concat_arrays(parts) if parts else pa.array([], arr.type)
+    inverse = np.empty_like(by)
+    inverse[by] = np.arange(len(by))
+    return merged.take(pa.array(inverse))
+
+
+def _json_strings(arr: pa.Array) -> pa.Array:
+    """Each string as JSON text (``json.dumps(s, ensure_ascii=False)``); nulls stay null."""
+    quote = pa.scalar('"', _TEXT)
+    out = pc.binary_join_element_wise(quote, arr, quote, pa.scalar("", _TEXT))
+    needs = pc.match_substring_regex(arr, r'[\x00-\x1f"\\]').fill_null(False)
+    if pc.any(needs).as_py():
+        escaped = [json.encoder.encode_basestring(s) for s in arr.filter(needs).to_pylist()]
+        out = pc.replace_with_mask(out, needs, pa.array(escaped, _TEXT))
+    return out
+
+
+def _tag_lists(col: pd.Series) -> Any:
+    """``rows -> the tags of those rows as Python lists``, for an Arrow list column or an object column of lists."""
+    if isinstance(col.dtype, np.dtype):
+        values = col.to_numpy(dtype=object)
+        return lambda rows: [list(t) for t in values[rows]]
+    arr = pa.array(col.array)
+    arr = arr if isinstance(arr, pa.ChunkedArray) else pa.chunked_array([arr])
+    return lambda rows: _take(arr, rows).to_pylist()
+
+
+def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, slice_size: int = 16_384) -> str:
+    """:attr:`TestSet.hash` of the two frames (see there for the canonical form), a slice of queries at a time."""
+    qid = _arrow_text(queries["query_id"])
+    order = pc.sort_indices(qid).to_numpy().astype(np.int64)   # UTF-8 byte order = code point order, as Python
+    rank = np.empty(len(order), np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    pos = _positions(qrels["query_id"], queries["query_id"])
+    label_rows = _label_rows(pos, order)
+    chunk, grade = _arrow_text(qrels["chunk_id"]), pa.array(qrels["grade"].to_numpy().astype(np.int8))
+    texts, types = _arrow_text(queries["query"]), _arrow_text(queries["query_type"])
+    tags_of = _tag_lists(queries["tags"])
+    tag_json: dict[tuple[str, ...], str] = {}
+    h = hashlib.sha256(b"[")
+    for start in range(0, len(order), slice_size):
+        at = order[start:start + slice_size]
+        lab, offsets = label_rows(at)
+        labels = _labels_json(_take(chunk, lab), grade.take(pa.array(lab)), rank[pos[lab]], offsets)
+        t_json = [tag_json.get(k) or tag_json.setdefault(k, json.dumps(sorted(k), ensure_ascii=False,
+                                                                       separators=(",", ":")))
+                  for k in map(tuple, tags_of(at))]
+        parts = [",[", _json_strings(_take(qid, at)), ",", _json_strings(_take(texts, at)), ",[", labels, "],",
+                 _json_strings(_take(types, at)).fill_null("null"), ",", pa.array(t_json, _TEXT), "]"]
+        elements = pc.binary_join_element_wise(*[pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts],
+                                               pa.scalar("", _TEXT))
+        data = _string_bytes(elements)
+        h.update(data[1:] if start == 0 else data)   # no comma before the first element
+    h.update(b"]")
+    return "sha256:" + h.hexdigest()
+
+
+def _label_rows(pos: np.ndarray, order: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``queries -> (their label rows, query by query; offsets of each query's labels in them)``, from each
+    label's query position ``pos`` (-1: a label of no query, left out)."""
+    n = len(order)
+    counts = np.bincount(pos[pos >= 0], minlength=n)
+    if len(pos) and not (pos[1:] >= pos[:-1]).all() or (len(pos) and pos[0] < 0):   # labels not grouped by query
+        grouped = np.argsort(np.where(pos >= 0, pos, n), kind="stable")
+    else:                                                  # as loaded: each query's labels together, in order
+        grouped = None
+    first = np.concatenate([[0], np.cumsum(counts)])[:-1]   # where each query's labels start in ``grouped`` order
+
+    def rows(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lens = counts[at]
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        picked = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lens) + np.repeat(first[at], lens)
+        return (picked if grouped is None else grouped[picked]), offsets
+    return rows
+
+
+def _labels_json(chunk: pa.Array, grade: pa.Array, rank: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """Per query (``offsets`` into the labels, grouped by ``rank``): its ``["chunk",grade]`` pairs sorted by
+    chunk id and joined by commas."""
+    by = pc.sort_indices(pa.table({"r": rank, "c": chunk}), sort_keys=[("r", "ascending"), ("c", "ascending")])
+    pairs = pc.binary_join_element_wise(pa.scalar("[", _TEXT), _json_strings(chunk.take(by)), pa.scalar(",", _TEXT),
+                                        pc.cast(grade.take(by), _TEXT), pa.scalar("]", _TEXT), pa.scalar("", _TEXT))
+    return pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pairs), pa.scalar(",", _TEXT))
+
+
+def _string_bytes(arr: pa.Array) -> memoryview:
+    """The UTF-8 bytes of a large_string array's values, end to end."""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr) + 1, offset=arr.offset * 8)
+    data = arr.buffers()[2]
+    return memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
+
+
+def _relevant_dicts(queries: pd.DataFrame, qrels: pd.DataFrame) -> list[dict[str, int]]:
+    """Each query's labels as a fresh ``{chunk_id: grade}`` (file order), aligned with ``queries``."""
+    out: list[dict[str, int]] = [{} for _ in range(len(queries))]
+    pos = _positions(qrels["query_id"], queries["query_id"])
+    by = np.argsort(pos, kind="stable")
+    chunks = qrels["chunk_id"].to_numpy(dtype=object)[by].tolist()
+    for p, c, g in zip(pos[by].tolist(), chunks, qrels["grade"].to_numpy()[by].tolist(), strict=True):
+        if p >= 0:
+            out[p][c] = g
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,6 +338,8 @@ def load_testset(path: str | Path) -> TestSet:
         The path does not exist.
     TestSetError
         Any validation problem; ``.problems`` lists every one with file, line and field.
+        A file that cannot be read (a permission, bad bytes, a damaged Parquet file) is
+        one too.
     """
     p = Path(path)
     if not p.exists():
@@ -194,22 +362,23 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
     """Load TREC qrels (``qid iter chunk_id grade``) with a topics TSV (``qid<TAB>text``)."""
     qp, tp = Path(qrels_path), Path(topics_path)
     problems: list[Problem] = []
-    texts: dict[str, tuple[int, str]] = {}
-    for lineno, line in _text_lines(tp, problems):
+    texts: dict[str, tuple[int, str, str]] = {}
+    for lineno, line in _lines(tp, problems):
         if not line.strip():
             continue
-        parts = line.rstrip("\n").split("\t", 1)
+        parts = line.split("\t", 1)
         if len(parts) != 2:
             problems.append(Problem(str(tp), lineno, "query", "expected 'query_id<TAB>query text'"))
             continue
         qid = parts[0].strip()
         if qid in texts:
+            first_line, _, first_raw = texts[qid]
             problems.append(Problem(str(tp), lineno, "query_id",
-                                    f"duplicate query id {qid!r} (first on line {texts[qid][0]})"))
+                                    _same_id("query ids", first_raw, parts[0], first_line, "line")))
             continue
-        texts[qid] = (lineno, parts[1].strip())
-    relevant: dict[str, dict[str, Any]] = {qid: {} for qid in texts}
-    for lineno, line in _text_lines(qp, problems):
+        texts[qid] = (lineno, parts[1].strip(), parts[0])
+    relevant: dict[str, dict[str, int]] = {qid: {} for qid in texts}
+    for lineno, line in _lines(qp, problems):
         if not line.strip():
             continue
         parts = line.split()
@@ -221,9 +390,9 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
         if qid not in relevant:
             problems.append(Problem(str(qp), lineno, "query_id", f"query id {qid!r} is not in the topics file {tp}"))
             continue
-        g = _grade(int(grade)) if grade.lstrip("-").isdigit() else None
+        g = _grade(int(grade)) if _GRADE_TEXT.fullmatch(grade) else None
         if g is None:
-            problems.append(Problem(str(qp), lineno, "relevant", f"grade must be an integer 0-3, got {grade!r}"))
+            problems.append(Problem(str(qp), lineno, "relevant", f"grade must be an integer 0-3, got {_show(grade)}"))
             continue
         if cid in relevant[qid]:
             problems.append(Problem(str(qp), lineno, "relevant", f"chunk {cid!r} labelled twice for query {qid!r}"))
@@ -231,97 +400,233 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
         relevant[qid][cid] = g
     if problems:
         raise TestSetError(qp, problems)
-    rows = ((ln, {"query_id": qid, "query": text, "relevant": relevant[qid]}) for qid, (ln, text) in texts.items())
-    return _build(rows, str(tp), where="line")
+    builder = _Builder(str(tp), "line")
+    for qid, (ln, text, _) in texts.items():
+        builder.add(ln, {"query_id": qid, "query": text, "relevant": relevant[qid]})
+    return builder.build()
 
 
-def _text_lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, line) of a UTF-8 file, BOM tolerated."""
-    raw = path.read_bytes()
+def _same_id(what: str, first: str, later: str, first_at: int, where: str) -> str:
+    """The message for an id met twice: the same spelling, or two that differ only by surrounding whitespace."""
+    if first == later:
+        return f"duplicate {what[:-1]} {later.strip()!r} (first on {where} {first_at})"
+    return f"{what} {first!r} ({where} {first_at}) and {later!r} {_SAME_ONCE_STRIPPED}; keep one spelling"
+
+
+def _lines(path: Path, problems: list[Problem], *, keepends: bool = False,
+           stop_at_bad: bool = False) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line) of a UTF-8 file, read as a stream; BOM tolerated.
+
+    Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (nothing else: a U+2028 inside a JSON string
+    is text). A line that is not valid UTF-8 becomes a problem naming it and is skipped
+    (``stop_at_bad``: ends the file).
+    """
+    lineno, offset = 0, 0
+    with reading(path, TestSetError), open(path, "rb") as fh:
+        for raw in fh:
+            single = b"\r" not in raw or (raw.endswith(b"\r\n") and raw.count(b"\r") == 1)
+            pieces = [raw] if single else _split_cr(raw)
+            for piece in pieces:
+                lineno += 1
+                start = 3 if lineno == 1 and piece.startswith(b"\xef\xbb\xbf") else 0
+                try:
+                    text = piece[start:].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    problems.append(Problem(str(path), lineno, None,
+                                            f"not valid UTF-8 (byte offset {offset + start + exc.start})"))
+                    if stop_at_bad:
+                        return
+                    offset += len(piece)
+                    continue
+                offset += len(piece)
+                yield lineno, (text if keepends else text.rstrip("\r\n"))
+
+
+def _split_cr(raw: bytes) -> list[bytes]:
+    """A binary line cut after every ``\\r`` that no ``\\n`` follows (old Mac line ends)."""
+    return [p for p in re.split(rb"(?<=\r)(?!\n)", raw) if p]
+
+
+# -- JSON --------------------------------------------------------------------------------
+class _Repeated(dict):
+    """A JSON object whose text repeats a key; ``pairs`` keeps every (key, value) as written."""
+
+    __slots__ = ("pairs",)
+    pairs: list[tuple[Any, Any]]
+
+
+def _object_pairs(pairs: list[tuple[Any, Any]]) -> dict:
+    """``object_pairs_hook``: a dict, or a :class:`_Repeated` one when a key is repeated."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    rep = _Repeated(obj)
+    rep.pairs = list(pairs)
+    return rep
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object_pairs)
+_NOT_JSON = object()
+
+
+def _parse_json(text: str, bad: _Bad, field: str | None, *, column: bool = True) -> Any:
+    """The value of JSON ``text``, or :data:`_NOT_JSON` with the reason given to ``bad(field, message)``."""
     try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        bad_line = raw[: exc.start].count(b"\n") + 1
-        problems.append(Problem(str(path), bad_line, None, f"not valid UTF-8 (byte offset {exc.start})"))
-        return
-    yield from enumerate(text.splitlines(), start=1)
+        return _DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        bad(field, f"not valid JSON: {exc.msg}" + (f" (column {exc.colno})" if column else ""))
+    except RecursionError:
+        bad(field, "not valid JSON: nested too deeply")
+    except ValueError as exc:  # an integer of more than 4300 digits
+        bad(field, f"not valid JSON: {exc}")
+    return _NOT_JSON
 
 
 def _load_jsonl(path: Path) -> TestSet:
-    problems: list[Problem] = []
-    rows: list[tuple[int, Any]] = []
-    for lineno, line in _text_lines(path, problems):
+    builder = _Builder(str(path), "line")
+    for lineno, line in _lines(path, builder.problems):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(Problem(str(path), lineno, None, f"not valid JSON: {exc.msg} (column {exc.colno})"))
-            continue
-        rows.append((lineno, obj))
-    return _build(rows, str(path), where="line", problems=problems)
+        obj = _parse_json(line, builder.complaint(lineno), None)
+        if obj is not _NOT_JSON:   # only a JSON escape (\\ud800) can put a surrogate in a decoded line
+            builder.add(lineno, obj, check_text="\\u" in line)
+    return builder.build()
 
 
+# -- CSV ---------------------------------------------------------------------------------
 def _load_csv(path: Path) -> TestSet:
-    problems: list[Problem] = []
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise TestSetError(path, [Problem(str(path), line, None, f"not valid UTF-8 (byte offset {exc.start})")]) \
-            from exc
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    missing = {"query_id", "query", "relevant"} - set(reader.fieldnames or [])
+    builder = _Builder(str(path), "line")
+    rows = _csv_rows(path, builder.problems)
+    first = next(rows, None)
+    if first is None or not first[1]:
+        if not builder.problems:
+            builder.problems.append(Problem(str(path), 1, None, "the file is empty (no header line)"))
+        raise TestSetError(path, builder.problems)
+    header = first[1]
+    if builder.problems:   # the header line is not UTF-8
+        raise TestSetError(path, builder.problems)
+    missing = {"query_id", "query", "relevant"} - set(header)
     if missing:
-        raise TestSetError(path, [Problem(str(path), 1, None, f"missing column(s) {sorted(missing)} in the header")])
-    rows: list[tuple[int, Any]] = []
-    for rec in reader:
-        lineno = reader.line_num
-        obj: dict[str, Any] = {k: v for k, v in rec.items() if k is not None and v not in (None, "")}
+        raise TestSetError(path, [Problem(str(path), first[0], None,
+                                          f"missing column(s) {sorted(missing)} in the header")])
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header, start=1):
+        if name in seen and name in KNOWN_FIELDS:
+            builder.problems.append(Problem(str(path), first[0], name, f"column appears twice in the header "
+                                            f"(columns {seen[name]} and {i}); the last would silently win"))
+        seen.setdefault(name, i)
+    for lineno, row in rows:
+        if not row:
+            continue
+        obj: dict[str, Any] = {k: v for k, v in zip(header, row, strict=False) if v != ""}
         obj.setdefault("query_id", "")
         obj.setdefault("query", "")
-        rel = _parse_relevant_text(rec.get("relevant") or "", str(path), lineno, problems)
+        rel = _parse_relevant_text(obj.get("relevant", ""), builder.complaint(lineno))
         if rel is None:
             continue
         obj["relevant"] = rel
         if "tags" in obj:
             obj["tags"] = _parse_tags_text(obj["tags"])
-        rows.append((lineno, obj))
-    return _build(rows, str(path), where="line", problems=problems)
+        builder.add(lineno, obj, check_text=any("\\u" in v for v in row))
+    return builder.build()
 
 
-def _parse_relevant_text(text: str, path: str, lineno: int, problems: list[Problem]) -> dict | None:
+class _CsvLines:
+    """The decoded lines of a CSV file for :mod:`csv` (line ends kept), remembering the current record's."""
+
+    def __init__(self, path: Path, problems: list[Problem]):
+        self._problems = problems
+        self._it = _lines(path, problems, keepends=True, stop_at_bad=True)
+        self.record: list[tuple[int, str]] = []   # the lines of the record being read (at most 10,000)
+        self.at_end = False                       # the lines ran out
+        self.broken = False                       # ... at a line that is not UTF-8 (a problem says so)
+
+    def __iter__(self) -> Iterator[str]:
+        n_problems = len(self._problems)
+        for lineno, text in self._it:
+            if len(self.record) < 10_000:
+                self.record.append((lineno, text))
+            yield text
+        self.at_end, self.broken = True, len(self._problems) > n_problems
+
+
+def _csv_rows(path: Path, problems: list[Problem]) -> Iterator[tuple[int, list[str]]]:
+    """Yield (first line, fields) of each CSV record (strict quoting); a malformed record is a problem and ends
+    the file (a quote opened and never closed is named at the line where its field starts)."""
+    lines = _CsvLines(path, problems)
+    reader = csv.reader(iter(lines), strict=True)
+    last = 0
+    while True:
+        lines.record = []
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            if not lines.broken:   # else the file stopped at a line that is not UTF-8: that is the problem
+                problems.append(_csv_problem(path, exc, lines, reader.line_num))
+            return
+        yield last + 1, row
+        last = reader.line_num
+
+
+def _csv_problem(path: Path, exc: csv.Error, lines: _CsvLines, line_num: int) -> Problem:
+    """What :mod:`csv` found wrong; a quote that is never closed is named at the line where its field starts."""
+    opened = _open_quote(lines.record)
+    if opened and (lines.at_end or "field limit" in str(exc)):
+        line, column = opened
+        end = ("every later line would be read into it" if lines.at_end else
+               f"the field grew past {csv.field_size_limit():,} characters before it")
+        return Problem(str(path), line, None, f"a quoted field (column {column}) starts here and its closing quote "
+                                              f"never comes: {end}")
+    return Problem(str(path), line_num, None, f"malformed CSV: {exc}")
+
+
+def _open_quote(record: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """Line and (1-based) column of the quoted field a CSV record leaves open (None: every quote closes)."""
+    opened = (record[0][0], 1) if record else (0, 1)
+    state, column = "start", 1   # start (of a field) | plain | quoted | quote (a quote seen inside quotes)
+    for line, text in record:
+        for ch in text:
+            if state == "quoted":
+                state = "quote" if ch == '"' else "quoted"
+                continue
+            if state == "quote":
+                if ch == '"':       # a doubled quote: a literal one, still inside
+                    state = "quoted"
+                    continue
+                state = "plain"     # the field closed; ``ch`` follows it
+            if ch == ",":
+                state, column = "start", column + 1
+            elif ch in "\r\n":
+                state, column = "start", 1
+            elif ch == '"' and state == "start":
+                state, opened = "quoted", (line, column)
+            else:
+                state = "plain"
+    return opened if state == "quoted" and record else None
+
+
+def _parse_relevant_text(text: str, bad: _Bad) -> dict | None:
     """``{"a": 3}`` (JSON) or ``a:3;b:1``; None (with a problem recorded) when malformed."""
     text = text.strip()
     if not text:
         return {}
     if text.startswith("{"):
-        try:
-            val = json.loads(text)
-        except json.JSONDecodeError as exc:
-            problems.append(Problem(path, lineno, "relevant", f"not valid JSON: {exc.msg}"))
-            return None
-        return val
-    out: dict[str, Any] = {}
+        val = _parse_json(text, bad, "relevant", column=False)
+        return None if val is _NOT_JSON else val
+    pairs: list[tuple[str, Any]] = []
     for part in text.split(";"):
         part = part.strip()
         if not part:
             continue
         cid, sep, grade = part.rpartition(":")
         if not sep:
-            problems.append(Problem(path, lineno, "relevant", f"expected 'chunk_id:grade', got {part!r}"))
+            bad("relevant", f"expected 'chunk_id:grade', got {part!r}")
             return None
-        try:
-            g: Any = int(grade.strip())
-        except ValueError:
-            g = grade.strip()
-        cid = cid.strip()
-        if cid in out:
-            problems.append(Problem(path, lineno, "relevant", f"chunk {cid!r} labelled twice"))
-            return None
-        out[cid] = g
-    return out
+        g: Any = int(grade) if _GRADE_TEXT.fullmatch(grade.strip()) else grade.strip()
+        pairs.append((cid.strip(), g))
+    return _object_pairs(pairs)   # a chunk written twice is reported by the record's check
 
 
 def _parse_tags_text(text: Any) -> Any:
@@ -329,174 +634,375 @@ def _parse_tags_text(text: Any) -> Any:
         return text
     t = text.strip()
     if t.startswith("["):
-        try:
-            return json.loads(t)
-        except json.JSONDecodeError:
-            return t  # validation reports it
+        val = _parse_json(t, lambda *_: None, "tags")
+        return t if val is _NOT_JSON else val  # validation reports it
     return [x.strip() for x in t.replace(",", ";").split(";") if x.strip()]
 
 
+# -- Parquet -----------------------------------------------------------------------------
+def _parquet_schema(path: Path) -> pa.Schema:
+    with reading(path, TestSetError):
+        return pq.read_schema(path)
+
+
+def _parquet_columns(path: Path, columns: list[str]) -> Iterator[dict[str, list[Any]]]:
+    """Yield the ``columns`` of a Parquet file as Python lists, a batch of rows at a time."""
+    with reading(path, TestSetError), pq.ParquetFile(path) as pf:
+        for batch in pf.iter_batches(batch_size=_BATCH, columns=columns):
+            yield {name: batch.column(name).to_pylist() for name in columns}
+
+
+def _relevant_type_problem(t: pa.DataType) -> str | None:
+    """Why a Parquet ``relevant`` column of Arrow type ``t`` cannot hold labels (None: it can)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    text = (pa.types.is_string(t) or pa.types.is_large_string(t)
+            or getattr(pa.types, "is_string_view", lambda _: False)(t))
+    if text or pa.types.is_null(t):
+        return None
+    if pa.types.is_map(t) and (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)):
+        return None
+    if pa.types.is_struct(t):
+        names = [t.field(i).name for i in range(t.num_fields)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        return f"has a struct type that names chunk(s) {twice} twice" if twice else None
+    return (f"has Arrow type {t}; expected text (JSON or 'id:grade;id:grade'), a map from chunk id (string) "
+            "to grade, or a struct with one integer field per chunk")
+
+
 def _load_parquet(path: Path) -> TestSet:
-    df = pd.read_parquet(path)
-    missing = {"query_id", "query", "relevant"} - set(df.columns)
+    schema = _parquet_schema(path)
+    names = list(schema.names)
+    missing = {"query_id", "query", "relevant"} - set(names)
     if missing:
         raise TestSetError(path, [Problem(str(path), None, None, f"missing column(s) {sorted(missing)}")])
-    problems: list[Problem] = []
-    rows: list[tuple[int, Any]] = []
-    for i, rec in enumerate(df.to_dict("records"), start=1):
-        obj = {k: _py(v) for k, v in rec.items()}
-        obj = {k: v for k, v in obj.items() if v is not None or k in ("query_id", "query", "relevant")}
-        rel = obj.get("relevant")
-        if isinstance(rel, str):
-            rel = _parse_relevant_text(rel, str(path), i, problems)
-            if rel is None:
-                continue
-        elif isinstance(rel, list):  # a pyarrow map column arrives as [(key, value), ...]
-            rel = {k: v for k, v in rel}
-        elif rel is None:
-            rel = {}
-        obj["relevant"] = rel
-        if isinstance(obj.get("tags"), str):
-            obj["tags"] = _parse_tags_text(obj["tags"])
-        rows.append((i, obj))
-    return _build(rows, str(path), where="row", problems=problems)
+    twice = sorted({n for n in names if names.count(n) > 1 and n in KNOWN_FIELDS})
+    why = _relevant_type_problem(schema.field("relevant").type) if not twice else None
+    if twice or why:
+        msg = f"column(s) {twice} appear twice" if twice else f"the column {why}"
+        raise TestSetError(path, [Problem(str(path), None, "relevant" if why else None, msg)])
+    unknown = sorted(set(names) - KNOWN_FIELDS)
+    if unknown:
+        log.debug("%s: ignoring unknown column(s) %s", path, unknown)
+    columns = [n for n in names if n in KNOWN_FIELDS]
+    builder = _Builder(str(path), "row")
+    row = 0
+    for cols in _parquet_columns(path, columns):
+        for values in zip(*(cols[n] for n in columns), strict=True):
+            row += 1
+            obj = {k: v for k, v in zip(columns, values, strict=True) if not _missing(v) or k in _REQUIRED}
+            texts = [obj[k] for k in ("relevant", "tags") if isinstance(obj.get(k), str)]
+            if _parquet_record(obj, builder.complaint(row)):   # JSON text may spell a surrogate (\\ud800)
+                builder.add(row, obj, check_text=any("\\u" in t for t in texts))
+    return builder.build()
 
 
-def _py(v: Any) -> Any:
-    """numpy/pandas scalars and arrays to plain Python values."""
-    if v is None:
-        return None
-    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-        v = v.tolist()
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _py(x) for k, x in v.items() if _py(x) is not None}
-    return v
+def _parquet_record(obj: dict[str, Any], bad: _Bad) -> bool:
+    """Turn a Parquet row's ``relevant`` (text, map or struct) and ``tags`` (text or list) into the JSONL
+    schema, in place; False when ``relevant`` is malformed text (the problem recorded)."""
+    rel = obj.get("relevant")
+    if isinstance(rel, str):
+        rel = _parse_relevant_text(rel, bad)
+        if rel is None:
+            return False
+    elif isinstance(rel, list):   # a map column arrives as [(key, value), ...]
+        rel = _object_pairs(rel)
+    elif isinstance(rel, dict):   # a struct column: absent chunks are null
+        rel = {k: v for k, v in rel.items() if not _missing(v)}
+    obj["relevant"] = {} if rel is None else rel
+    if isinstance(obj.get("tags"), str):
+        obj["tags"] = _parse_tags_text(obj["tags"])
+    return True
+
+
+def _missing(v: Any) -> bool:
+    """None or a float NaN (how a table says "no value")."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+# -- the WeKnora dataset folder ----------------------------------------------------------
+def _id_text(v: Any) -> str | None:
+    return None if _missing(v) else str(v)
+
+
+def _weknora_table(path: Path, cols: list[str], required: bool, problems: list[Problem]) -> bool:
+    """Whether ``path`` exists with ``cols`` (its problems recorded)."""
+    if not path.exists():
+        if required:
+            problems.append(Problem(str(path), None, None, "required file is missing"))
+        return False
+    schema = _parquet_schema(path)
+    missing = [c for c in cols if c not in schema.names]
+    if missing:
+        problems.append(Problem(str(path), None, None, f"missing column(s) {missing}; expected {cols}"))
+        return False
+    return True
+
+
+def _weknora_rows(path: Path, cols: list[str]) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    row = 0
+    for batch in _parquet_columns(path, cols):
+        for values in zip(*(batch[c] for c in cols), strict=True):
+            row += 1
+            yield row, values
 
 
 def _load_weknora_folder(folder: Path) -> TestSet:
     """WeKnora's dataset format: queries(id, text), qrels(qid, pid, score), answers(id, text), qas(qid, aid)."""
     problems: list[Problem] = []
-
-    def table(name: str, cols: list[str], required: bool) -> pd.DataFrame | None:
-        p = folder / f"{name}.parquet"
-        if not p.exists():
-            if required:
-                problems.append(Problem(str(p), None, None, "required file is missing"))
-            return None
-        df = pd.read_parquet(p)
-        missing = [c for c in cols if c not in df.columns]
-        if missing:
-            problems.append(Problem(str(p), None, None, f"missing column(s) {missing}; expected {cols}"))
-            return None
-        return df
-
-    queries = table("queries", ["id", "text"], True)
-    qrels = table("qrels", ["qid", "pid", "score"], True)
-    answers = table("answers", ["id", "text"], False)
-    qas = table("qas", ["qid", "aid"], False)
-    if problems:
+    paths = {name: folder / f"{name}.parquet" for name in ("queries", "qrels", "answers", "qas")}
+    has_q = _weknora_table(paths["queries"], ["id", "text"], True, problems)
+    has_r = _weknora_table(paths["qrels"], ["qid", "pid", "score"], True, problems)
+    has_a = _weknora_table(paths["answers"], ["id", "text"], False, problems)
+    has_qa = _weknora_table(paths["qas"], ["qid", "aid"], False, problems)
+    if problems or not (has_q and has_r):
         raise TestSetError(folder, problems)
-    assert queries is not None and qrels is not None
-    qpath, rpath = str(folder / "queries.parquet"), str(folder / "qrels.parquet")
-
+    qpath = str(paths["queries"])
     records: dict[str, dict[str, Any]] = {}
     order: list[tuple[int, dict[str, Any]]] = []
-    for i, (qid, text) in enumerate(queries[["id", "text"]].itertuples(index=False), start=1):
-        qid = _py(qid)
-        rec: dict[str, Any] = {"query_id": "" if qid is None else str(qid), "query": _py(text) or "",
-                               "relevant": {}}
-        if rec["query_id"] in records:
-            problems.append(Problem(qpath, i, "id", f"duplicate query id {rec['query_id']!r}", "row"))
+    first: dict[str, tuple[int, str]] = {}
+    for i, (qid, text) in _weknora_rows(paths["queries"], ["id", "text"]):
+        raw = _id_text(qid) or ""
+        key = raw.strip()
+        if key in first:
+            problems.append(Problem(qpath, i, "id", _same_id("query ids", first[key][1], raw, first[key][0], "row"),
+                                    "row"))
             continue
-        records[rec["query_id"]] = rec
+        first[key] = (i, raw)
+        rec: dict[str, Any] = {"query_id": raw, "query": "" if _missing(text) else text, "relevant": {}}
+        records[key] = rec
         order.append((i, rec))
-    for i, (qid, pid, score) in enumerate(qrels[["qid", "pid", "score"]].itertuples(index=False), start=1):
-        qid, pid, score = str(_py(qid)), _py(pid), _py(score)
-        if qid not in records:
-            problems.append(Problem(rpath, i, "qid", f"query id {qid!r} is not in queries.parquet", "row"))
+    _weknora_qrels(paths["qrels"], records, problems)
+    if has_a and has_qa:
+        _weknora_answers(paths["answers"], paths["qas"], records, problems)
+    builder = _Builder(qpath, "row", problems)
+    for i, rec in order:
+        builder.add(i, rec, check_text=False)   # text from Arrow is valid UTF-8
+    return builder.build()
+
+
+def _weknora_qrels(path: Path, records: dict[str, dict[str, Any]], problems: list[Problem]) -> None:
+    """Add qrels.parquet's labels to ``records``; a (query, passage) pair met twice is a problem naming both rows."""
+    rpath = str(path)
+    first: dict[tuple[str, str], tuple[int, str]] = {}
+    for i, (qid, pid, score) in _weknora_rows(path, ["qid", "pid", "score"]):
+        q = _id_text(qid)
+        key = None if q is None else q.strip()
+        if key is None or key not in records:
+            problems.append(Problem(rpath, i, "qid", "missing" if q is None
+                                    else f"query id {q!r} is not in queries.parquet", "row"))
             continue
-        pid = "" if pid is None else str(pid)
-        if pid in records[qid]["relevant"]:
-            problems.append(Problem(rpath, i, "pid", f"passage {pid!r} labelled twice for query {qid!r}", "row"))
+        raw = _id_text(pid) or ""
+        if not raw.strip():
+            problems.append(Problem(rpath, i, "pid", "must be a non-empty passage id", "row"))
             continue
-        records[qid]["relevant"][pid] = score
-    if answers is not None and qas is not None:
-        texts = {str(_py(a)): _py(t) for a, t in answers[["id", "text"]].itertuples(index=False)}
-        apath = str(folder / "qas.parquet")
-        for i, (qid, aid) in enumerate(qas[["qid", "aid"]].itertuples(index=False), start=1):
-            qid, aid = str(_py(qid)), str(_py(aid))
-            if qid not in records:
-                problems.append(Problem(apath, i, "qid", f"query id {qid!r} is not in queries.parquet", "row"))
-            elif aid not in texts:
-                problems.append(Problem(apath, i, "aid", f"answer id {aid!r} is not in answers.parquet", "row"))
-            else:
-                prev = records[qid].get("answer")
-                records[qid]["answer"] = texts[aid] if not prev else f"{prev}\n{texts[aid]}"
-    return _build(order, qpath, where="row", problems=problems)
+        g = _grade(score)
+        if g is None:
+            problems.append(Problem(rpath, i, "score", f"must be an integer 0-3, got {_show(score)}", "row"))
+            continue
+        pair = (key, raw.strip())
+        if pair in first:
+            row, spelled = first[pair]
+            msg = (f"passage {raw!r} labelled twice for query {key!r} (first at row {row})" if spelled == raw
+                   else f"passage ids {spelled!r} (row {row}) and {raw!r} {_SAME_ONCE_STRIPPED} (query {key!r})")
+            problems.append(Problem(rpath, i, "pid", msg, "row"))
+            continue
+        first[pair] = (i, raw)
+        records[key]["relevant"][raw.strip()] = g
+
+
+def _weknora_answers(apath: Path, qapath: Path, records: dict[str, dict[str, Any]], problems: list[Problem]) -> None:
+    """Reference answers from answers.parquet, joined through qas.parquet."""
+    texts = {_id_text(a): t for _, (a, t) in _weknora_rows(apath, ["id", "text"])}
+    for i, (qid, aid) in _weknora_rows(qapath, ["qid", "aid"]):
+        q, a = (_id_text(qid) or "").strip(), _id_text(aid)
+        if q not in records:
+            problems.append(Problem(str(qapath), i, "qid", f"query id {q!r} is not in queries.parquet", "row"))
+        elif a not in texts:
+            problems.append(Problem(str(qapath), i, "aid", f"answer id {a!r} is not in answers.parquet", "row"))
+        elif not _missing(texts[a]):
+            prev = records[q].get("answer")
+            records[q]["answer"] = texts[a] if not prev else f"{prev}\n{texts[a]}"
 
 
 # ---------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------
-def _validate(obj: Any, path: str, line: int, where: str, problems: list[Problem]) -> dict[str, Any] | None:
-    """Check one raw record; return the clean record or None (problems appended)."""
-    def bad(field: str | None, msg: str) -> None:
-        problems.append(Problem(path, line, field, msg, where))
+def _show(v: Any) -> str:
+    """``repr(v)`` for a problem message: at most 80 characters; an integer too long to print says so."""
+    try:
+        text = repr(v)
+    except ValueError:   # an integer of more digits than Python prints (sys.get_int_max_str_digits)
+        return "an integer too long to print"
+    return text if len(text) <= 80 else text[:77] + "..."
 
+
+def _type_name(v: Any) -> str:
+    return "dict" if isinstance(v, _Repeated) else type(v).__name__
+
+
+def _bad_text(s: str) -> bool:
+    """True when ``s`` holds an unpaired surrogate (JSON's ``\\ud800``): it is not text and has no UTF-8 form."""
+    return not s.isascii() and _SURROGATE.search(s) is not None
+
+
+def _surrogate_message(s: str) -> str:
+    ch = _SURROGATE.search(s).group()  # type: ignore[union-attr]
+    return f"contains an unpaired surrogate {ch!r} (not valid Unicode text)"
+
+
+def _check_repeats(obj: _Repeated, bad: _Bad) -> None:
+    """A problem for each key a JSON record writes twice (the last value would silently win)."""
+    seen: dict[Any, Any] = {}
+    for key, value in obj.pairs:
+        if key in seen:
+            bad(str(key), f"appears twice in the record (values {_show(seen[key])} and {_show(value)}); "
+                          "a JSON object's keys must be unique")
+        else:
+            seen[key] = value
+
+
+def _check_id(value: Any, field: str, bad: _Bad, check_text: bool) -> tuple[str, str] | None:
+    """(stripped id, id as written) of a query id (a string or an integer), or None (problem recorded)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        bad(field, "missing" if value is None else f"must be a string, got {_type_name(value)}")
+        return None
+    if isinstance(value, int):
+        try:
+            value = str(value)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            bad(field, "must be a string, got an integer too long to be an id")
+            return None
+    key = value.strip()
+    if not key:
+        bad(field, "must not be empty")
+        return None
+    if check_text and _bad_text(key):
+        bad(field, _surrogate_message(key))
+        return None
+    return key, value
+
+
+_INT, _STR = {int}, {str}
+
+
+def _check_relevant(rel: Any, bad: _Bad, check_text: bool) -> tuple[list[str], list[int]] | None:
+    """(chunk ids, grades) of a ``relevant`` mapping, or None (problems recorded)."""
+    if type(rel) is dict:   # the common case, checked in bulk: str ids already stripped, int grades 0-3
+        if not rel:
+            return [], []
+        cids, grades = list(rel), list(rel.values())
+        if (set(map(type, grades)) == _INT and min(grades) >= 0 and max(grades) <= 3 and set(map(type, cids)) == _STR
+                and "" not in cids and cids == [c.strip() for c in cids]
+                and not (check_text and any(map(_bad_text, cids)))):
+            return cids, grades
+    if not isinstance(rel, dict):
+        bad("relevant", "missing (use {} for a query with no relevant chunk)" if rel is None
+            else f"must be an object mapping chunk id to grade, got {_type_name(rel)}")
+        return None
+    return _check_labels(rel.pairs if isinstance(rel, _Repeated) else rel.items(), bad)
+
+
+def _check_labels(items: Iterable[tuple[Any, Any]], bad: _Bad) -> tuple[list[str], list[int]] | None:
+    """:func:`_check_relevant` one label at a time, naming each problem (a chunk twice, a bad grade...)."""
+    ok = True
+    cids: list[str] = []
+    grades: list[int] = []
+    first: dict[str, tuple[str, int]] = {}
+    for cid, grade in items:
+        if not isinstance(cid, str) or not cid.strip():
+            bad("relevant", f"chunk id must be a non-empty string, got {_show(cid)}")
+            ok = False
+            continue
+        key = cid.strip()
+        g = _grade(grade)
+        if g is None:
+            bad("relevant", f"grade of chunk {cid!r} must be an integer 0-3, got {_show(grade)}")
+            ok = False
+            continue
+        if _bad_text(key):
+            bad("relevant", f"chunk id {key!r} {_surrogate_message(key)}")
+            ok = False
+            continue
+        if key in first:
+            spelled, g0 = first[key]
+            bad("relevant", f"chunk {cid!r} is labelled twice (grades {g0} and {g}); give each chunk one grade"
+                if spelled == cid else
+                f"chunk ids {spelled!r} and {cid!r} {_SAME_ONCE_STRIPPED} (grades {g0} and {g}); keep one spelling")
+            ok = False
+            continue
+        first[key] = (cid, g)
+        cids.append(key)
+        grades.append(g)
+    return (cids, grades) if ok else None
+
+
+def _check_text(obj: dict, name: str, bad: _Bad, check_text: bool, required: bool) -> tuple[bool, str | None]:
+    """(sound, stripped value) of an optional (or ``required``) non-empty text field."""
+    v = obj.get(name)
+    if v is None:
+        if required:
+            bad(name, "missing")
+        return not required, None
+    if not isinstance(v, str):
+        bad(name, f"must be a string, got {_type_name(v)}" if required
+            else f"must be a non-empty string, got {_show(v)}")
+        return False, None
+    t = v.strip()
+    if not t:
+        bad(name, "must not be empty" if required else f"must be a non-empty string, got {_show(v)}")
+        return False, None
+    if check_text and _bad_text(t):
+        bad(name, _surrogate_message(t))
+        return False, None
+    return True, t
+
+
+def _check_record(obj: Any, bad: _Bad, check_text: bool = True) -> tuple | None:
+    """Check one raw record: ``(query_id, id as written, query, chunk ids, grades, query_type, tags, answer)``,
+    or None (problems given to ``bad(field, message)``). ``check_text=False``: the strings cannot hold an
+    unpaired surrogate (they were decoded from UTF-8 or come from Arrow)."""
     if not isinstance(obj, dict):
         bad(None, f"expected a JSON object, got {type(obj).__name__}")
         return None
-    n_before = len(problems)
-    qid = obj.get("query_id")
-    if isinstance(qid, bool) or not isinstance(qid, (str, int)):
-        bad("query_id", "missing" if qid is None else f"must be a string, got {type(qid).__name__}")
-    else:
-        qid = str(qid).strip()
-        if not qid:
-            bad("query_id", "must not be empty")
-    text = obj.get("query")
-    if not isinstance(text, str):
-        bad("query", "missing" if text is None else f"must be a string, got {type(text).__name__}")
-    elif not text.strip():
-        bad("query", "must not be empty")
-    rel = obj.get("relevant")
-    clean_rel: dict[str, int] = {}
-    if not isinstance(rel, dict):
-        bad("relevant", "missing (use {} for a query with no relevant chunk)" if rel is None
-            else f"must be an object mapping chunk id to grade, got {type(rel).__name__}")
-    else:
-        for cid, grade in rel.items():
-            if not isinstance(cid, str) or not cid.strip():
-                bad("relevant", f"chunk id must be a non-empty string, got {cid!r}")
-                continue
-            g = _grade(grade)
-            if g is None:
-                bad("relevant", f"grade of chunk {cid!r} must be an integer 0-3, got {grade!r}")
-                continue
-            clean_rel[cid.strip()] = g
-    qtype = obj.get("query_type")
-    if qtype is not None and (not isinstance(qtype, str) or not qtype.strip()):
-        bad("query_type", f"must be a non-empty string, got {qtype!r}")
+    ok = not isinstance(obj, _Repeated)
+    if not ok:
+        _check_repeats(obj, bad)  # type: ignore[arg-type]
+    qid = _check_id(obj.get("query_id"), "query_id", bad, check_text)
+    ok_text, text = _check_text(obj, "query", bad, check_text, True)
+    labels = _check_relevant(obj.get("relevant"), bad, check_text)
+    ok_type, qtype = _check_text(obj, "query_type", bad, check_text, False)
     tags = obj.get("tags")
     if tags is None:
         tags = []
-    elif not isinstance(tags, list) or not all(isinstance(t, str) and t.strip() for t in tags):
-        bad("tags", f"must be a list of non-empty strings, got {tags!r}")
+    elif not isinstance(tags, list) or not all(isinstance(t, str) and t.strip() for t in tags) or (
+            check_text and any(map(_bad_text, tags))):
+        bad("tags", f"must be a list of non-empty strings, got {_show(tags)}")
+        ok = False
     answer = obj.get("answer")
-    if answer is not None and not isinstance(answer, str):
-        bad("answer", f"must be a string, got {type(answer).__name__}")
-    unknown = set(obj) - KNOWN_FIELDS
-    if unknown:
-        log.debug("%s %s %d: ignoring unknown field(s) %s", path, where, line, sorted(unknown))
-    if len(problems) > n_before:
+    if answer is not None and (not isinstance(answer, str) or (check_text and _bad_text(answer))):
+        bad("answer", f"must be a string, got {_type_name(answer)}" if not isinstance(answer, str)
+            else _surrogate_message(answer))
+        ok = False
+    weight = _weight(obj.get("weight"))
+    if weight is False:
+        bad("weight", f"must be an integer >= 1 (how often the query was asked), got {_show(obj.get('weight'))}")
+        ok = False
+    if not (ok and ok_text and ok_type) or qid is None or labels is None:
         return None
-    return {
-        "query_id": qid, "query": str(text).strip(), "relevant": clean_rel,
-        "query_type": qtype.strip() if isinstance(qtype, str) else None,
-        "tags": [t.strip() for t in tags], "answer": answer,
-    }
+    tags = [t.strip() for t in tags] if tags else tags
+    return qid[0], qid[1], text, labels[0], labels[1], qtype, tags, answer, weight
+
+
+def _weight(value: Any) -> int | None | bool:
+    """A traffic weight: None when absent, an integer >= 1 (integral floats accepted), False when bad."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer() and value < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+        return False
+    return value
 
 
 def _grade(value: Any) -> int | None:
@@ -510,44 +1016,123 @@ def _grade(value: Any) -> int | None:
     return None
 
 
-def _build(rows: Iterable[tuple[int, Any]], path: str, *, where: str,
-           problems: list[Problem] | None = None) -> TestSet:
-    problems = list(problems or [])
-    records: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for line, obj in rows:
-        rec = _validate(obj, path, line, where, problems)
-        if rec is None:
-            continue
-        if rec["query_id"] in seen:
-            first = seen[rec["query_id"]]
-            problems.append(Problem(path, line, "query_id",
-                                    f"duplicate query id {rec['query_id']!r} (first at {where} {first})", where))
-            continue
-        seen[rec["query_id"]] = line
-        records.append(rec)
-    if not records and not problems:
-        problems.append(Problem(path, None, None, "the test set holds no query"))
-    if problems:
-        raise TestSetError(path, problems)
+# ---------------------------------------------------------------------------------------
+# building
+# ---------------------------------------------------------------------------------------
+class _Builder:
+    """Validated records gathered as columns: Python lists for one batch, then Arrow arrays.
 
-    queries = pd.DataFrame({
-        "query_id": [r["query_id"] for r in records],
-        "query": [r["query"] for r in records],
-        "query_type": [r["query_type"] for r in records],
-        "tags": [r["tags"] for r in records],
-        "answer": [r["answer"] for r in records],
-        "n_labelled": [len(r["relevant"]) for r in records],
-        "n_relevant": [sum(g >= 1 for g in r["relevant"].values()) for r in records],
-    })
-    queries["valid"] = queries["n_relevant"] > 0
-    qrels = pd.DataFrame(
-        [(r["query_id"], c, g) for r in records for c, g in r["relevant"].items()],
-        columns=["query_id", "chunk_id", "grade"],
-    ).astype({"query_id": str, "chunk_id": str, "grade": "int8"})
-    ts = TestSet(queries=queries, qrels=qrels, source=path, _records=tuple(records))
-    n_invalid = len(ts.invalid_ids)
-    if n_invalid:
-        log.info("%s: %d of %d queries have no chunk of grade >= 1 and are invalid: %s",
-                 path, n_invalid, len(ts), ", ".join(ts.invalid_ids[:20]))
-    return ts
+    Every record is checked as it arrives; query ids met twice (or equal once stripped)
+    are found over the whole column at :meth:`build`, which raises :class:`TestSetError`
+    with every problem, or returns the test set.
+    """
+
+    #: column -> Arrow type (the query columns, then the label columns)
+    _TYPES = {"line": pa.int64(), "query_id": _TEXT, "query": _TEXT, "query_type": _TEXT, "answer": _TEXT,
+              "weight": pa.int64(), "tags": pa.list_(_TEXT), "n_labelled": pa.int64(), "n_relevant": pa.int64(), "label_query": _TEXT,
+              "chunk_id": _TEXT, "grade": pa.int8()}
+
+    def __init__(self, path: str, where: str, problems: list[Problem] | None = None):
+        self.path, self.where = path, where
+        self.problems: list[Problem] = problems if problems is not None else []
+        self._rows: list[tuple] = []          # this batch's checked records
+        self._arrays: dict[str, list[pa.Array]] = {c: [] for c in self._TYPES}
+        self._spelled: dict[int, str] = {}   # record index -> query id as written, where stripping changed it
+        self.n = 0
+
+    def complaint(self, line: int) -> _Bad:
+        """A ``bad(field, message)`` that records a problem at ``line``."""
+        def bad(field: str | None, message: str) -> None:
+            self.problems.append(Problem(self.path, line, field, message, self.where))
+        return bad
+
+    def add(self, line: int, obj: Any, *, check_text: bool = True) -> None:
+        """Check one record and, when it is sound, keep it (``check_text``: see :func:`_check_record`)."""
+        rec = _check_record(obj, self.complaint(line), check_text)
+        if rec is None:
+            return
+        if not KNOWN_FIELDS.issuperset(obj):
+            log.debug("%s %s %d: ignoring unknown field(s) %s", self.path, self.where, line,
+                      sorted(map(str, set(obj) - KNOWN_FIELDS)))
+        if rec[1] != rec[0]:
+            self._spelled[self.n] = rec[1]
+        self._rows.append((line, *rec))
+        self.n += 1
+        if len(self._rows) >= _BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        """This batch's records, column by column, into Arrow arrays."""
+        if not self._rows:
+            return
+        line, qid, _, text, cids, grades, qtype, tags, answer, weight = zip(*self._rows, strict=True)
+        self._rows = []
+        n_lab = np.fromiter(map(len, grades), np.int64, len(grades))
+        grade = np.fromiter(chain.from_iterable(grades), np.int8, int(n_lab.sum()))
+        label_q = np.repeat(np.arange(len(grades), dtype=np.int64), n_lab)   # each label's query in the batch
+        columns = {"line": line, "query_id": qid, "query": text, "query_type": qtype, "answer": answer,
+                   "weight": weight, "tags": tags,
+                   "n_labelled": n_lab, "n_relevant": np.bincount(label_q, weights=grade > 0,
+                                                                  minlength=len(grades)).astype(np.int64),
+                   "chunk_id": list(chain.from_iterable(cids)), "grade": grade}
+        for c, t in self._TYPES.items():
+            if c != "label_query":
+                self._arrays[c].append(pa.array(columns[c], t))
+        self._arrays["label_query"].append(self._arrays["query_id"][-1].take(pa.array(label_q)))
+
+    def _column(self, name: str) -> pa.ChunkedArray:
+        return pa.chunked_array(self._arrays[name], self._TYPES[name])
+
+    def _check_duplicates(self, qid: pa.ChunkedArray, lines: np.ndarray) -> None:
+        """A problem for every query id met before (as written, or equal once surrounding whitespace is removed)."""
+        distinct = pc.unique(qid)
+        if len(distinct) == len(qid):
+            return
+        codes = pc.index_in(qid, value_set=distinct).to_numpy()
+        _, first_of = np.unique(codes, return_index=True)
+        first = first_of[codes]
+        for i in np.flatnonzero(first != np.arange(len(codes))).tolist():
+            f = int(first[i])
+            a, b = self._spelled.get(f, qid[f].as_py()), self._spelled.get(i, qid[i].as_py())
+            msg = (f"duplicate query id {b!r} (first at {self.where} {lines[f]})" if a == b else
+                   f"query ids {a!r} ({self.where} {lines[f]}) and {b!r} {_SAME_ONCE_STRIPPED}; keep one spelling")
+            self.problems.append(Problem(self.path, int(lines[i]), "query_id", msg, self.where))
+
+    def build(self) -> TestSet:
+        """The test set, or :class:`TestSetError` with every problem (ordered by file, then line)."""
+        self._flush()
+        self._check_duplicates(self._column("query_id"), self._column("line").to_numpy())
+        if not self.n and not self.problems:
+            self.problems.append(Problem(self.path, None, None, "the test set holds no query"))
+        if self.problems:
+            files = {path: i for i, path in enumerate(dict.fromkeys(p.path for p in self.problems))}
+            raise TestSetError(self.path, sorted(self.problems, key=lambda p: (files[p.path], p.line or 0)))
+        n_rel = self._column("n_relevant").to_numpy()
+        queries = pd.DataFrame({
+            "query_id": _series(self._column("query_id")), "query": _series(self._column("query")),
+            "query_type": _series(self._column("query_type")),
+            "tags": pd.Series(pd.arrays.ArrowExtensionArray(self._column("tags"))),
+            "answer": _series(self._column("answer")),
+            "weight": self._column("weight").to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get),
+            "n_labelled": self._column("n_labelled").to_numpy(),
+            "n_relevant": n_rel, "valid": n_rel > 0,
+        })
+        qrels = pd.DataFrame({
+            "query_id": _series(self._column("label_query")),
+            "chunk_id": _series(self._column("chunk_id")),
+            "grade": self._column("grade").to_numpy().astype(np.int8),
+        })
+        ts = TestSet(queries=queries, qrels=qrels, source=self.path)
+        n_invalid = int((~queries["valid"]).sum())
+        if n_invalid:
+            log.info("%s: %d of %d queries have no chunk of grade >= 1 and are invalid: %s",
+                     self.path, n_invalid, len(ts), ", ".join(ts.invalid_ids[:20]))
+        return ts
+
+
+def _series(arr: pa.ChunkedArray) -> pd.Series:
+    """A text column as pandas stores text by default (Arrow-backed ``str`` on pandas 3); one with
+    no value at all as an object column of None, as pandas builds it from a list of None."""
+    if not len(arr) or arr.null_count == len(arr):
+        return pd.Series(np.full(len(arr), None, dtype=object), dtype=object)
+    return arr.to_pandas()

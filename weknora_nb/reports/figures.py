@@ -3,6 +3,11 @@
 :func:`use_cjk_font` registers WenQuanYi Micro Hei (shipped by the pinned PyPI package
 ``paperang-p2-fonts-cjk``) or, failing that, a CJK font already on the system, and warns
 when there is none (Chinese would show as empty boxes).
+
+:func:`figure_style` is the package's style, applied by every figure: that font, and text
+shown as it is written. Stage, tag, query-type and run names are data, so matplotlib never
+parses them as math text (``text.parse_math`` off): ``$x^$`` is a label, not an error. No
+label of ours relies on ``$``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from matplotlib import font_manager
 from weknora_nb.core.pipeline import stage_order
 from weknora_nb.reports.tables import TIER_COLOURS
 
-__all__ = ["use_cjk_font", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
+__all__ = ["use_cjk_font", "figure_style", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
            "delta_bars", "paired_scatter", "latency_cdf"]
 
 log = logging.getLogger(__name__)
@@ -56,8 +61,18 @@ def use_cjk_font() -> str | None:
     return family
 
 
-def _fig(width: float = 8, height: float = 4):
+def figure_style() -> None:
+    """The style every figure is drawn in: the CJK font (:func:`use_cjk_font`) and no math text.
+
+    Applied each time a figure is made (not once), so that a style a notebook sets in between
+    cannot turn math text back on for names that hold ``$``.
+    """
     use_cjk_font()
+    plt.rcParams["text.parse_math"] = False
+
+
+def _fig(width: float = 8, height: float = 4):
+    figure_style()
     return plt.subplots(figsize=(width, height), layout="constrained")
 
 
@@ -113,7 +128,7 @@ def recall_funnel(table: pd.DataFrame, metric: str = "recall@10",
 
 def distributions(per_query: pd.DataFrame, metrics=("ndcg@10", "recall@10"), bins: int = 20):
     """Histograms of per-query values, one panel per metric, one colour per stage."""
-    use_cjk_font()
+    figure_style()
     metrics = [m for m in metrics if m in per_query.columns]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.5), layout="constrained", squeeze=False)
     for ax, m in zip(axes[0], metrics, strict=True):

@@ -13,29 +13,39 @@ given; cells tagged ``no-baseline`` (what a reader sees instead) only when none 
 05_compare rendered without a baseline says so once and shows the history.
 
 Reports carry no secret (notebooks never take an API key as a parameter) and escape every
-text that comes from the knowledge base.
+text that comes from the run, the test set or the knowledge base (:mod:`weknora_nb.reports.safe`).
+
+Data never decides where a file goes: the report folder of a run (its ``run_name``) is
+resolved and must lie inside the reports folder, only the packaged notebooks are rendered,
+and each kernel's IPC sockets and connection file live in a private temporary folder
+(never the runs folder, so that reports rendered at the same time cannot collide).
 """
 
 from __future__ import annotations
 
-import html
 import logging
 import re
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.core.errors import ReportError
+from weknora_nb.core.errors import ReportError, RunFolderError, UsageError, writing
 from weknora_nb.core.pipeline import HEADLINE_METRIC
-from weknora_nb.core.run import load_run, read_manifest
+from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, load_run, read_manifest
+from weknora_nb.reports.safe import esc, href
 
 __all__ = ["NOTEBOOKS", "ReportError", "Report", "render_report", "write_index", "notebooks_dir"]
 
 log = logging.getLogger(__name__)
 
-NOTEBOOKS = ("01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare")
+NOTEBOOKS = ("01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare", "06_answers")
+#: notebooks rendered only when the run folder holds this file (06: a run without a chat stage has no answers)
+NEEDS = {"06_answers": ANSWERS}
 _EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.I)
 
 
@@ -53,7 +63,12 @@ def _kernel_manager_class() -> type:
     """The kernel manager papermill starts kernels with.
 
     Kernels talk to papermill over local IPC sockets: nothing listens on TCP, and ipykernel
-    does not warn about an unencrypted TCP transport on every notebook.
+    does not warn about an unencrypted TCP transport on every notebook. Each kernel's sockets
+    and connection file are made in a private folder (``tempfile.mkdtemp``: mode 0700, given by
+    absolute path, removed when the kernel is cleaned up or the manager is collected): a
+    relative socket path would be made in the kernel's working folder (the runs folder), where
+    two reports rendered at the same time would pick the same names and talk to each other's
+    kernels ("Invalid Signature", "Kernel didn't respond").
 
     Shutting a kernel down does not interrupt it first. jupyter_client sends SIGINT before
     every shutdown request (to stop code that still runs); papermill shuts the kernel down
@@ -68,7 +83,19 @@ def _kernel_manager_class() -> type:
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw: Any):
             kw.setdefault("transport", "ipc")
+            private = Path(tempfile.mkdtemp(prefix="weknora-nb-kernel-"))
+            self._remove_private = weakref.finalize(self, shutil.rmtree, private, ignore_errors=True)
+            kw.setdefault("connection_file", str(private / "kernel.json"))
+            if kw["transport"] == "ipc":
+                kw.setdefault("ip", str(private / "ipc"))
             super().__init__(**kw)
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                self._remove_private()
+
+        cleanup_resources = _async_cleanup_resources
 
         async def _async_interrupt_kernel(self) -> None:
             if self.shutting_down:  # set by _async_shutdown_kernel before it interrupts
@@ -82,6 +109,28 @@ def notebooks_dir() -> Path:
     return Path(__file__).resolve().parent / "notebooks"
 
 
+def _report_folder(out_root: Path, name: str, manifest: Path) -> Path:
+    """The folder of a run's report: ``out_root / name`` resolved (symlinks followed), which must be
+    a folder inside ``out_root``; else :class:`RunFolderError` naming the manifest's ``run_name``.
+
+    ``name`` is data (``run_name``, else the run folder's name): ``../x``, ``/tmp/x``, ``.`` or a
+    symlink in ``out_root`` that points out would write elsewhere. The name must first be a safe
+    folder name (:func:`weknora_nb.core.run.check_run_name`); the resolved folder is then checked,
+    since a safe name can still be a symlink that leads out.
+    """
+    check_run_name(name, manifest)
+    folder = (out_root / name).resolve()
+    if folder == out_root or not folder.is_relative_to(out_root):
+        raise RunFolderError(f"{manifest}, field 'run_name': the run name {name!r} does not name a folder inside "
+                             f"the reports folder {out_root}; a run name is one folder name")
+    return folder
+
+
+def _literal(path: Path) -> str:
+    """``path`` as papermill takes it literally (papermill ``str.format``s output paths: ``{`` would be a field)."""
+    return str(path).replace("{", "{{").replace("}", "}}")
+
+
 def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
     import nbformat
     from nbconvert import HTMLExporter
@@ -93,7 +142,8 @@ def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
     body, _ = exporter.from_notebook_node(nb)
     # a report opens from disk or an attachment: no scripts fetched from the internet
     body = _EXTERNAL_SCRIPT.sub("", body)
-    html_path.write_text(body, encoding="utf-8")
+    with writing(html_path):
+        html_path.write_text(body, encoding="utf-8")
 
 
 def cjk_font_css(text: str) -> str:
@@ -142,7 +192,8 @@ def _embed_font(pages: list[Path]) -> None:
     if not css:
         return
     for p, t in zip(pages, texts, strict=True):
-        p.write_text(t.replace("</head>", css + "</head>", 1), encoding="utf-8")
+        with writing(p):
+            p.write_text(t.replace("</head>", css + "</head>", 1), encoding="utf-8")
 
 
 def _failed_cell(nb_path: Path) -> tuple[int | None, str]:
@@ -178,26 +229,33 @@ def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, 
     """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports.
 
     ``parameters`` (e.g. ``stage``, ``metrics``, ``domain_adjustment``) go to the notebooks
-    that declare them and to the index's headline figures.
+    that declare them and to the index's headline figures. ``notebooks``: names from
+    :data:`NOTEBOOKS`. The report goes to ``out_root/<run name>`` (:class:`RunFolderError` when
+    the run's name would put it anywhere else).
     """
     import papermill as pm
 
+    notebooks = list(notebooks)
+    unknown = [nb for nb in notebooks if nb not in NOTEBOOKS]
+    if unknown:
+        raise UsageError(argument="notebooks", allowed=NOTEBOOKS, got=unknown)
     run_dir = Path(run_dir).resolve()
     bases = [Path(b).resolve() for b in baselines]
     name = str(read_manifest(run_dir).get("run_name") or run_dir.name)
     out_root = Path(out_root or run_dir.parent.parent / "reports").resolve()
-    folder = out_root / name
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _report_folder(out_root, name, run_dir / MANIFEST)
+    with writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
     params = {"run_dir": str(run_dir), "baseline_dirs": [str(b) for b in bases], "interactive": False,
               **(parameters or {})}
     report = Report(name, folder, folder / "index.html")
-    for nb in notebooks:
+    for nb in [n for n in notebooks if n not in NEEDS or (run_dir / NEEDS[n]).is_file()]:
         dst = folder / f"{nb}.ipynb"
         page = folder / f"{nb}.html"
         source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
         t0 = time.perf_counter()
         try:
-            pm.execute_notebook(source, str(dst), parameters=declared, kernel_name=kernel, progress_bar=False,
+            pm.execute_notebook(source, _literal(dst), parameters=declared, kernel_name=kernel, progress_bar=False,
                                 log_output=False, cwd=str(run_dir.parent),
                                 kernel_manager_class=_kernel_manager_class())
         except pm.PapermillExecutionError as exc:
@@ -220,17 +278,20 @@ def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
     """The figures an index page shows: the focus stage's means and tiers, counts, warnings, and the
     headline metric's delta to the first baseline (95 % CI, p after Holm).
 
-    The focus stage is :meth:`Run.focus_stage` of ``stage``; the tiers follow ``domain_adjustment``.
+    The focus stage is :func:`weknora_nb.reports.tables.report_stage` of ``stage``; the tiers
+    follow ``domain_adjustment``. ``failed``: a sentence for each stage whose every request
+    failed (such a focus stage has no figure and no comparison).
     """
     from weknora_nb.analysis.compare import compare_runs
+    from weknora_nb.reports.tables import failure_lines, report_stage
 
     run = load_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment)
-    stage = run.focus_stage(stage)
+    stage = report_stage(run, stage)
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
                            "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
-                           "baselines": len(baselines)}
-    if baselines:
+                           "failed": failure_lines(run.scores), "baselines": len(baselines)}
+    if baselines and stage in run.scores.stages:
         cmp = compare_runs([*baselines, run_dir], stage=stage, metrics=metrics, resamples=2000)
         row = cmp.metrics[cmp.metrics["run"] == run.name].set_index("metric")
         if HEADLINE_METRIC in row.index:
@@ -257,7 +318,7 @@ def _label(metric: str) -> str:
 
 def write_index(report: Report) -> Path:
     """``index.html`` of one run: links to its notebooks and its headline figures (all text escaped)."""
-    e = html.escape
+    e = esc
     h = report.headline
     rows = "".join(f'<tr><td>{e(m)}</td><td class="{e(_tier(t))}">{v:.3f}</td><td>{e(_tier(t))}</td></tr>'
                    for m, v, t in h.get("metrics", []))
@@ -271,19 +332,20 @@ def write_index(report: Report) -> Path:
               f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
     elif not h.get("baselines") and "05_compare" in report.pages:
         vs = "<p>No baseline given: 05_compare shows the history of the runs, no comparison.</p>"
-    warns = "".join(f'<p class="warn">{e(w)}</p>' for w in h.get("warnings", []))
-    links = "".join(f'<li><a href="{e(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
+    warns = "".join(f'<p class="warn">{e(w)}</p>' for w in [*h.get("failed", []), *h.get("warnings", [])])
+    links = "".join(f'<li><a href="{href(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
             f"<h1>weknora-nb report: {e(report.run)}</h1><p>Stage <b>{e(h.get('stage', ''))}</b>; {e(counts)}</p>"
             f"{vs}{warns}<table><tr><th>metric</th><th>mean</th><th>tier</th></tr>{rows}</table>"
             f"<h2>Notebooks</h2><ul>{links}</ul></body></html>")
-    report.index.write_text(page, encoding="utf-8")
+    with writing(report.index):
+        report.index.write_text(page, encoding="utf-8")
     return report.index
 
 
 def write_overview(reports: list[Report], path: Path) -> Path:
-    """A top-level ``index.html`` linking several runs' reports with their headline figures."""
-    e = html.escape
+    """A top-level ``index.html`` linking several runs' reports with their headline figures (all text escaped)."""
+    e = esc
     items = []
     for r in reports:
         m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
@@ -294,9 +356,10 @@ def write_overview(reports: list[Report], path: Path) -> Path:
             vs = (f"; {_label(v['metric'])} vs {v['baseline']}: {v['delta']:+.3f} "
                   f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
         rel = r.index.relative_to(path.parent)
-        items.append(f'<li><a href="{e(str(rel))}">{e(r.run)}</a>: {e(figs + vs)}</li>')
-    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
-                    f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>",
-                    encoding="utf-8")
+        items.append(f'<li><a href="{href(rel)}">{e(r.run)}</a>: {e(figs + vs)}</li>')
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
+            f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>")
+    with writing(path):
+        path.write_text(page, encoding="utf-8")
     _embed_font([path])
     return path

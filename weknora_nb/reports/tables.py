@@ -1,25 +1,31 @@
 """Tables for the notebooks: figures with intervals, tier colours, and escaped HTML.
 
-Every text that comes from the knowledge base or the test set is HTML-escaped before it
-reaches a report (``escape="html"`` in stylers, ``escape=True`` in ``to_html``).
+Every text that comes from the knowledge base, the test set or the run (stage names
+included) is HTML-escaped before it reaches a report, by the one rule of
+:mod:`weknora_nb.reports.safe`.
 """
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from weknora_nb.analysis.stats import bootstrap_ci
+from weknora_nb.core.errors import UsageError
+from weknora_nb.core.pipeline import focus_stage
+from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import Scores
 from weknora_nb.core.tiers import tier
+from weknora_nb.reports import safe
+from weknora_nb.reports.safe import esc
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
 
-__all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table"]
+__all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table",
+           "failed_stages", "failure_lines", "all_stages", "report_stage"]
 
 #: background colour of each acceptance tier in tables (and bar edges in figures)
 TIER_COLOURS = {"excellent": "#1a9850", "good": "#91cf60", "pass": "#fee08b", "fail": "#f46d43"}
@@ -70,15 +76,15 @@ def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) 
     def colour(col: pd.Series) -> list[str]:
         return [f"background-color: {TIER_COLOURS[t]}" if isinstance(t, str) else "" for t in tiers[col.name]]
     caption = "Tiers: " + ", ".join(
-        f'<span style="background-color:{c};padding:0 6px">{name}</span>' for name, c in TIER_COLOURS.items())
+        f'<span style="background-color:{esc(c)};padding:0 6px">{esc(name)}</span>' for name, c in TIER_COLOURS.items())
     if domain_adjustment:
-        caption += f" (thresholds lowered by {domain_adjustment:.0%} for a specialised domain)"
-    return text.style.apply(colour, axis=0).format(escape="html").set_caption(caption)
+        caption += esc(f" (thresholds lowered by {domain_adjustment:.0%} for a specialised domain)")
+    return safe.styled(text.style.apply(colour, axis=0)).set_caption(caption)
 
 
 def html_table(df: pd.DataFrame, **kw: Any) -> str:
-    """A DataFrame as escaped HTML (knowledge-base text is data, never markup)."""
-    return df.to_html(escape=True, index=kw.pop("index", False), border=0, **kw)
+    """A DataFrame as escaped HTML (knowledge-base text is data, never markup): :func:`safe.table`."""
+    return safe.table(df, **kw)
 
 
 def counts_table(scores: Scores) -> pd.DataFrame:
@@ -99,16 +105,59 @@ def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
     def clip(s: Any) -> str:
         s = "" if s is None or (isinstance(s, float) and np.isnan(s)) else str(s)
         return s if len(s) <= max_chars else s[:max_chars] + "…"
-    parts = [f"<h4>{html.escape(dd['query_id'])}: {html.escape(str(dd['query']))}</h4>"]
+    parts = [f"<h4>{esc(dd['query_id'])}: {esc(dd['query'])}</h4>"]
     if dd.get("answer"):
-        parts.append(f"<p><b>Reference answer:</b> {html.escape(str(dd['answer']))}</p>")
+        parts.append(f"<p><b>Reference answer:</b> {esc(dd['answer'])}</p>")
     for c in dd["causes"]:
-        ev = "".join(f"<li>{html.escape(e)}</li>" for e in c["evidence"])
-        parts.append(f"<p><b>{html.escape(c['stage'])}</b>: {html.escape(', '.join(c['causes']) or 'no cause found')}"
-                     f"</p><ul>{ev}</ul>")
+        parts.append(f"<p><b>{esc(c['stage'])}</b>: {esc(', '.join(c['causes']) or 'no cause found')}"
+                     f"</p>{safe.bullets(c['evidence'])}")
     lab = dd["labels"][["chunk_id", "grade", "content"]].assign(content=lambda d: d["content"].map(clip))
     parts.append("<p><b>Labelled chunks</b></p>" + html_table(lab))
     for stage, top in dd["returned"].items():
         t = top[["rank", "chunk_id", "grade", "score", "content"]].assign(content=lambda d: d["content"].map(clip))
-        parts.append(f"<p><b>{html.escape(stage)}</b> returned</p>" + html_table(t))
+        parts.append(f"<p><b>{esc(stage)}</b> returned</p>" + html_table(t))
     return "\n".join(parts)
+
+
+def failed_stages(scores: Scores) -> dict[str, dict[str, int]]:
+    """Each stage none of whose requests succeeded -> its requests by status (``{"timeout": 12}``).
+
+    Such a stage has no figure: the scores leave it out (:attr:`Scores.stages`), the reports
+    say why instead. In the order of :attr:`Counts.stages`, then of the requests table.
+    """
+    req = scores.requests
+    status = req["status"].astype(str)
+    stage = req["stage"].astype(str)
+    out: dict[str, dict[str, int]] = {}
+    for name in dict.fromkeys([*map(str, scores.counts.stages), *stage]):
+        mine = status[stage == name]
+        if len(mine) and not (mine == "ok").any():
+            out[name] = {str(k): int(n) for k, n in mine.value_counts().items()}
+    return out
+
+
+def failure_lines(scores: Scores, stages: list[str] | None = None) -> list[str]:
+    """One sentence per stage (of ``stages``, default all) whose every request failed, with the kinds."""
+    failed = failed_stages(scores)
+    return [f"Every request of stage {name} failed (kinds: "
+            f"{', '.join(f'{kind} {n}' for kind, n in kinds.items())}): it has no figures."
+            for name, kinds in failed.items() if stages is None or name in stages]
+
+
+def all_stages(run: Run) -> list[str]:
+    """The stages of the run's results: those scored (in report order), then those whose every request failed."""
+    return list(dict.fromkeys([*run.scores.stages, *failed_stages(run.scores)]))
+
+
+def report_stage(run: Run, requested: str | None = None) -> str:
+    """The stage a report looks at: ``requested``, else ``final``, else the last of the pipeline
+    (:func:`weknora_nb.core.pipeline.focus_stage`), among :func:`all_stages`: a stage whose every
+    request failed can be the focus, and its report says so.
+
+    Raises :class:`UsageError` naming the stages when ``requested`` is not one of them.
+    """
+    stages = all_stages(run)
+    chosen = focus_stage(stages, requested, run.stage_definitions)
+    if chosen is None:
+        raise UsageError(argument="stage", allowed=stages, got=requested)
+    return chosen

@@ -1,0 +1,75 @@
+"""One rule for every text that reaches a report's HTML: it is data, never markup.
+
+Stage names, tags, query types, run names, query and chunk text, answers and baseline names
+come from users and knowledge bases, so every one of them is escaped (``<``, ``>``, ``&``,
+``"`` and ``'``) before it reaches a page: the notebooks show HTML only through the functions
+here, never Markdown with data in it (Markdown lets raw HTML and links through).
+
+- :func:`esc` is the rule: a value as text that HTML shows literally;
+- :func:`table` a DataFrame (cells, index and column labels, their names);
+- :func:`styled` a pandas ``Styler`` (cells, row and column labels);
+- :func:`text` plain text (paragraphs, ``- `` bullets) and :func:`bullets` a list of items;
+- :func:`href` a link to a file of the report, relative and percent-encoded (never a
+  ``javascript:`` or other scheme, whatever the run is called).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+from collections.abc import Iterable
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from weknora_nb.core.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pandas.io.formats.style import Styler
+
+__all__ = ["esc", "table", "styled", "text", "bullets", "href"]
+
+
+def esc(value: Any) -> str:
+    """``value`` as text that HTML shows literally (in an element or a quoted attribute)."""
+    return html.escape(str(value), quote=True)
+
+
+def table(df: pd.DataFrame, *, index: bool = False, **kw: Any) -> str:
+    """``df`` as an HTML table, every cell, label and label name escaped."""
+    return df.to_html(escape=True, index=index, border=0, **kw)
+
+
+def styled(styler: Styler) -> Styler:
+    """``styler`` with its cells and its row and column labels escaped (a caption must come from :func:`esc`)."""
+    return styler.format(escape="html").format_index(escape="html", axis=0).format_index(escape="html", axis=1)
+
+
+def text(plain: str) -> str:
+    """Plain text as HTML, in its order: blank lines separate paragraphs, lines that start with ``- `` are bullets."""
+    parts: list[str] = []
+    for block in str(plain).split("\n\n"):
+        lines = [ln for ln in block.splitlines() if ln.strip()]
+        for is_item, run in itertools.groupby(lines, key=lambda ln: ln.startswith("- ")):
+            group = list(run)
+            parts.append(bullets(ln[2:] for ln in group) if is_item else "<p>" + "<br>".join(map(esc, group)) + "</p>")
+    return "\n".join(parts)
+
+
+def bullets(items: Iterable[Any], *, bold: bool = False) -> str:
+    """A list of items as an HTML ``<ul>``, each escaped (in bold when ``bold``)."""
+    wrap = ("<b>", "</b>") if bold else ("", "")
+    return "<ul>" + "".join(f"<li>{wrap[0]}{esc(i)}{wrap[1]}</li>" for i in items) + "</ul>"
+
+
+def href(path: str | PurePath) -> str:
+    """A relative link to ``path`` for an ``href`` attribute: the path percent-encoded.
+
+    Every ``:`` is encoded too, so a first segment such as ``javascript:x`` is a file name, not
+    a scheme; an absolute path is refused (a report links only to its own files).
+    """
+    p = PurePath(path)
+    if p.is_absolute():
+        raise UsageError(f"a report links only to relative paths, not {str(p)!r}")
+    return esc(quote(p.as_posix(), safe="/"))
