@@ -1,4 +1,4 @@
-"""Agreement to 1e-9 with ranx and pytrec_eval on randomised inputs.
+"""Agreement to 1e-9 with ranx, pytrec_eval and ir_measures on randomised inputs.
 
 The inputs hold what real runs hold: ties in scores, duplicate chunk ids, lists shorter
 than K, grade-0 labels, unlabelled (invalid) queries, empty lists and failed requests.
@@ -146,3 +146,51 @@ def test_random_case_really_holds_the_edge_cases():
         seen["grade0"] += int((ts.qrels["grade"] == 0).sum())
         assert pd.Series(res["score"]).duplicated().any()  # ties
     assert all(v > 0 for v in seen.values()), seen
+
+
+def _ir_measures_inputs(records, run):
+    """ir_measures' qrels keep every label (grade 0 too: Judged@k counts it) of the scored keys."""
+    import ir_measures
+
+    labels = {r["query_id"]: r["relevant"] for r in records}
+    qrels = [ir_measures.Qrel(key, c, g) for key in run for c, g in labels[key.split("|")[0]].items()]
+    scored = [ir_measures.ScoredDoc(key, c, s) for key, docs in run.items() for c, s in docs.items()]
+    return qrels, scored
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=SEEDS)
+def test_agrees_with_ir_measures(seed):
+    """Every family against ir_measures, Judged@k (label coverage) included."""
+    import ir_measures
+    from ir_measures import AP, RR, Judged, P, R, Success, nDCG
+
+    ts, res, records, rows = random_case(seed)
+    _, run = reference_inputs(records, rows)
+    names = {}
+    for k in KS:
+        names |= {f"recall@{k}": R @ k, f"precision@{k}": P @ k, f"mrr@{k}": RR @ k, f"map@{k}": AP @ k,
+                  f"hit@{k}": Success @ k, f"ndcg@{k}:linear": nDCG @ k, f"judged@{k}": Judged @ k}
+    mine = ours(ts, res, list(names))
+    qrels, scored = _ir_measures_inputs(records, run)
+    ref: dict[tuple[str, str], float] = {}
+    for m in ir_measures.iter_calc(list(names.values()), qrels, scored):
+        ref[(m.query_id, str(m.measure))] = m.value
+    checked = 0
+    for key, docs in run.items():
+        for ours_name, measure in names.items():
+            if not docs:  # ir_measures holds no row for an empty list; ours scores it 0
+                assert mine[ours_name][key] == 0.0
+                continue
+            assert mine[ours_name][key] == pytest.approx(ref[(key, str(measure))], abs=1e-9), (key, ours_name)
+            checked += 1
+    assert checked > 0
+
+
+def test_judged_counts_grade_zero_and_short_lists():
+    """judged@K by hand: a grade-0 label is a judgement; a list shorter than K divides by its length."""
+    ts = TestSet.from_records([{"query_id": "q", "query": "x", "relevant": {"a": 0, "b": 2}}])
+    res = results_frame([("q", "final", 1, 1, "a", None), ("q", "final", 1, 2, "x", None),
+                         ("q", "final", 1, 3, "b", None), ("q", "final", 1, 4, "a", None)])
+    pq = score(ts, res, ["judged@1", "judged@2", "judged@10"]).per_query.iloc[0]
+    assert (pq["judged@1"], pq["judged@2"], pq["judged@10"]) == (1.0, 0.5, pytest.approx(2 / 3))

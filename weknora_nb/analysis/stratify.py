@@ -120,7 +120,7 @@ def _memberships(testset: TestSet, rules: QueryTypeRules) -> pd.DataFrame:
     rows = []
     for qid, text, qtype, tags, n_rel in q[["query_id", "query", "query_type", "tags", "n_relevant"]].itertuples(
             index=False):
-        rows.append((qid, "query_type", qtype or "(none)"))
+        rows.append((qid, "query_type", qtype if isinstance(qtype, str) else "(none)"))
         for t in tags or []:
             rows.append((qid, "tag", t))
         rows.append((qid, "answers", "single-answer" if n_rel == 1 else "multi-answer"))

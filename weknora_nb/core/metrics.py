@@ -14,6 +14,10 @@ and ranked list positions :math:`i = 1..K` (after duplicate removal) with grades
   with gain :math:`g(r) = 2^r - 1` (``exp``, default), :math:`r` (``linear``, the trec_eval
   convention) or :math:`[r \ge 1]` (``binary``). IDCG@K applies the same formula to *all*
   labelled chunks of the query sorted by grade, first K; it never comes from the run.
+- ``judged@K``    :math:`|\{i \le K : \text{chunk } i \text{ has a label, grade 0 included}\}| / \min(K, n)`
+  with :math:`n` the number of distinct chunks returned, 0 for an empty list (label coverage,
+  docs/method.md section 10; ir_measures' ``Judged@k``). It measures the labels, not the system:
+  a low value says the other figures count many unjudged chunks as irrelevant.
 
 All kernels take a :class:`RankedLists` (rows sorted by request, then position) and
 return one float per request.
@@ -29,7 +33,8 @@ import numpy as np
 
 from weknora_nb.core.errors import MetricError
 
-__all__ = ["Metric", "parse_metric", "parse_metrics", "DEFAULT_METRICS", "FAMILIES", "RankedLists"]
+__all__ = ["Metric", "parse_metric", "parse_metrics", "DEFAULT_METRICS", "FAMILIES", "NEEDS_ALL_LABELS",
+           "RankedLists"]
 
 #: the metrics reported when the user names none (docs/method.md section 3)
 DEFAULT_METRICS: tuple[str, ...] = ("recall@3", "recall@5", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10")
@@ -66,6 +71,10 @@ class RankedLists:
     query index (0..n_q-1) of request r. Per query: ``n_rel[q]`` chunks of grade >= 1
     (> 0: only valid queries are scored) and the ideal ranking for IDCG, flattened as
     ``ideal_q`` / ``ideal_pos`` / ``ideal_grade`` (grades >= 1 sorted descending).
+
+    Label coverage (``judged@K``) needs the cells of every labelled chunk, grade 0
+    included: ``judged_req`` / ``judged_pos`` (rows sorted as above) and ``n_distinct[r]``,
+    the distinct chunks request r returned. They are None unless a judged metric was asked for.
     """
 
     req: np.ndarray
@@ -78,6 +87,9 @@ class RankedLists:
     ideal_q: np.ndarray
     ideal_pos: np.ndarray
     ideal_grade: np.ndarray
+    judged_req: np.ndarray | None = None
+    judged_pos: np.ndarray | None = None
+    n_distinct: np.ndarray | None = None
 
     @property
     def n_rel_req(self) -> np.ndarray:
@@ -143,6 +155,18 @@ def _ndcg(rl: RankedLists, m: Metric) -> np.ndarray:
     return dcg / idcg[rl.req_query]
 
 
+def _judged(rl: RankedLists, m: Metric) -> np.ndarray:
+    if rl.judged_req is None or rl.judged_pos is None or rl.n_distinct is None:
+        raise MetricError(f"{m.name} needs the labelled cells (grade 0 included); build RankedLists with them")
+    sel = rl.judged_pos <= m.k
+    judged = np.bincount(rl.judged_req[sel], minlength=rl.n_req).astype(np.float64)
+    denominator = np.minimum(rl.n_distinct, m.k).astype(np.float64)
+    return np.divide(judged, denominator, out=np.zeros(rl.n_req), where=denominator > 0)
+
+
+#: metric families that need every labelled cell (grade 0 included), not only the relevant ones
+NEEDS_ALL_LABELS = frozenset({"judged"})
+
 #: family -> (kernel, allowed variants)
 FAMILIES: dict[str, tuple[Callable[[RankedLists, Metric], np.ndarray], tuple[str, ...]]] = {
     "recall": (_recall, ()),
@@ -151,6 +175,7 @@ FAMILIES: dict[str, tuple[Callable[[RankedLists, Metric], np.ndarray], tuple[str
     "mrr": (_mrr, ()),
     "map": (_map, ()),
     "ndcg": (_ndcg, GAINS),
+    "judged": (_judged, ()),
 }
 
 _NAME = re.compile(r"^(?P<family>[a-z_]+)@(?P<k>\d+)(?::(?P<variant>[a-z]+))?$")

@@ -13,6 +13,14 @@
   needs one capability unless the key has full access (C7), else 403 (C6). A key with a KB
   allow-list is refused other knowledge bases with the envelope's 403, code 1002 (C7).
 
+Whose sessions a key sees (docs/weknora-contract.md C82-C84): each principal has an
+:attr:`Principal.owner`, the ``sessions.user_id`` it creates and is scoped to. From v0.7.2 a workspace
+key owns ``api_tenant_key:<tenant>:<key id>`` (the key the sandbox is started with has id 1, the
+``api_keys`` 2, 3, ... in their order) and a platform key ``api_platform:<key id>``; at v0.6.x every
+key acts as its tenant's first user (:data:`FIRST_USER_ID` for tenant 1, which has users; the
+synthetic ``system-<tenant>`` for the others). :attr:`Principal.admin` is the tenant role Admin or
+Owner: every key at v0.6.x, full-access workspace keys from v0.7.2.
+
 Keys are secrets: nothing here logs one.
 """
 
@@ -22,7 +30,7 @@ import logging
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -33,14 +41,16 @@ from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.wire import FORBIDDEN, app_error, bare_error
 
-__all__ = ["ApiKey", "Principal", "KeyRing", "AuthMiddleware", "TENANT_ID", "CAPABILITIES", "RETRIEVE", "CHAT",
-           "MESSAGE_HISTORY", "MANAGE_TENANT_SETTINGS", "MANAGE_VECTOR_STORES", "principal_of", "gate",
-           "refuse_kbs", "refuse_targets"]
+__all__ = ["ApiKey", "Principal", "KeyRing", "AuthMiddleware", "TENANT_ID", "FIRST_USER_ID", "CAPABILITIES",
+           "RETRIEVE", "CHAT", "MESSAGE_HISTORY", "MANAGE_TENANT_SETTINGS", "MANAGE_VECTOR_STORES", "principal_of",
+           "gate", "refuse_kbs", "refuse_targets"]
 
 log = logging.getLogger(__name__)
 
 #: the sandbox's one tenant (workspace)
 TENANT_ID = 1
+#: the first user of tenant 1 (by created_at): whom a v0.6.x API key acts as (repository/user.go:94-103 @ v0.6.2)
+FIRST_USER_ID = "3f6b1c2e-8a47-4d0e-9c21-5b7e0d4a9f13"
 
 #: C7: the capabilities the sandbox's routes need (tenant_api_key.go:78,82,112,128,157 @ v0.7.2)
 RETRIEVE, CHAT, MESSAGE_HISTORY = "retrieve", "chat", "message_history"
@@ -64,6 +74,8 @@ class ApiKey:
     tenant_id: int | None = TENANT_ID
     capabilities: frozenset[str] | None = None
     knowledge_base_ids: tuple[str, ...] = ()
+    #: the key's id in the key service (``tenant_api_keys.id``), part of the sessions' owner (C82)
+    key_id: int = 0
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> ApiKey:
@@ -113,6 +125,21 @@ class Principal:
         allow = self.key.knowledge_base_ids
         return not self.gated or not allow or all(k in allow for k in kb_ids)
 
+    @property
+    def owner(self) -> str:
+        """The ``sessions.user_id`` this principal creates and is scoped to (C82, see the module docstring)."""
+        if not self.gated:
+            return FIRST_USER_ID if self.tenant_id == TENANT_ID else f"system-{self.tenant_id}"
+        if self.key.kind == "platform":
+            return f"api_platform:{self.key.key_id}"
+        return f"api_tenant_key:{self.tenant_id}:{self.key.key_id}"
+
+    @property
+    def admin(self) -> bool:
+        """Whether the tenant role is Admin or Owner: any key at v0.6.x (Admin), a full-access workspace key
+        from v0.7.2 (Owner); other keys are Viewers (auth.go:258 @ v0.6.2, :536-540 @ v0.7.2)."""
+        return not self.gated or self.key.full_access
+
 
 class KeyRing:
     """The API keys the sandbox accepts (secret -> :class:`ApiKey`) and the tenants that exist."""
@@ -120,9 +147,9 @@ class KeyRing:
     def __init__(self, api_key: str, extra: Mapping[str, Mapping[str, Any]] | None = None,
                  tenants: frozenset[int] = frozenset({TENANT_ID})):
         self.tenants = tenants
-        self._keys: dict[str, ApiKey] = {api_key: ApiKey("workspace", TENANT_ID, None)}
-        for secret, spec in (extra or {}).items():
-            self._keys[secret] = ApiKey.from_spec(spec)
+        self._keys: dict[str, ApiKey] = {api_key: ApiKey("workspace", TENANT_ID, None, key_id=1)}
+        for n, (secret, spec) in enumerate((extra or {}).items(), start=2):
+            self._keys[secret] = replace(ApiKey.from_spec(spec), key_id=n)
 
     def lookup(self, presented: str) -> ApiKey | None:
         """The key ``presented`` is (compared in constant time with each), or None."""
@@ -165,7 +192,7 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or (scope["path"], scope["method"]) == (
-                "/health", "GET"):
+                "/health", "GET") or scope["path"].startswith("/v1/"):  # /v1/: the judge checks its bearer key
             await self.app(scope, receive, send)
             return
         got = self.authenticate(scope["method"], scope["path"], Headers(scope=scope))

@@ -1,8 +1,10 @@
 """The sandbox's sessions, knowledge-chat stream and message history (docs/weknora-contract.md C58-C69).
 
 - Sessions (C58, C59): created with 201 from a body of ``title`` / ``description`` only (an empty
-  body is a 400), read, listed (paged) and deleted (``{"success": true, "message": ...}``, C10).
-  They are kept until deleted, as WeKnora keeps them.
+  body is a 400), owned by the caller (``user_id``, C82), and deleted (``{"success": true,
+  "message": ...}``, C10) within the caller's scope. They are kept until deleted, as WeKnora keeps
+  them. Reading them (get, list, load) is :mod:`.history`'s, over these sessions and the
+  generated history it adds on first use (:meth:`Conversations.load_history`).
 - knowledge-chat (C60-C66): the SSE stream ``event:message\\ndata:<json>\\n\\n`` (C62) of
   ``agent_query``, ``references`` (before the answer; at v0.6.2 after its first piece, C64),
   ``answer`` pieces, a closing ``answer`` with ``done`` true, ``complete``; inline ``<kb .../>``
@@ -10,8 +12,9 @@
   ``disable_title`` false, the first message costs a (simulated) title LLM call and the stream
   ends with ``session_title`` (C61). The sandbox has no language model: its answer quotes the
   top references and says so.
-- History (C67, C68): ``GET /messages/{session_id}/load`` and ``POST /messages/search`` over the
-  sandbox's own chat messages; search is a keyword match whatever ``mode`` says.
+- Search (C68, C88): ``POST /messages/search`` over every session's messages (the history's too),
+  tenant-wide, or the caller's own and legacy ones on releases that scope it (main); a keyword
+  match whatever ``mode`` says.
 
 :class:`Conversations` holds the state and counts what cost money on a real server
 (:attr:`stats`: title calls, sessions created and deleted).
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,23 +32,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from weknora_nb.sandbox.auth import principal_of, refuse_targets
+from weknora_nb.sandbox.auth import Principal, principal_of, refuse_targets
 from weknora_nb.sandbox.catalog import go_html_escape, go_time
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.tokenize import tokenize
-from weknora_nb.sandbox.wire import (
-    BAD_REQUEST,
-    NOT_FOUND,
-    BindError,
-    Field,
-    app_error,
-    bind_pagination,
-    bind_request,
-    go_json,
-    ok,
-)
+from weknora_nb.sandbox.wire import NOT_FOUND, Field, app_error, bind_request, go_json, ok
 
-__all__ = ["Conversations", "ChatSearch"]
+__all__ = ["Conversations", "ChatSearch", "Session", "go_time_nano", "in_scope"]
 
 #: knowledge-chat's retrieval: (query, KB ids, knowledge ids) -> the references, as search results (C22)
 ChatSearch = Callable[[str, list[str], list[str]], list[dict[str, Any]]]
@@ -65,9 +58,25 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def go_time_nano(at: datetime) -> str:
+    """``at`` as Go marshals a ``time.Time`` (RFC 3339 with nanoseconds, trailing zeros of the fraction
+    dropped, ``Z`` for UTC, else the offset): ``2025-11-03T09:15:02.5+08:00``."""
+    text = at.isoformat()
+    if "." in text[:26]:
+        head, _, tail = text.partition(".")
+        frac, zone = tail[:6].rstrip("0"), tail[6:]
+        text = f"{head}.{frac}{zone}" if frac else head + zone
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
 @dataclass
 class Session:
-    """One chat session and its messages (oldest first)."""
+    """One chat session and its messages (oldest first).
+
+    ``user_id``: its owner (C82; "" for a legacy row every caller sees); ``updated``: bumped by every
+    chat request (C87), ``created`` when None; ``pinned_at``: when it was pinned (None: not pinned);
+    ``last_request_state``: the last chat request's input state (C87), None until one.
+    """
 
     id: str
     title: str
@@ -75,23 +84,56 @@ class Session:
     tenant_id: int
     created: datetime
     messages: list[dict[str, Any]] = field(default_factory=list)
+    user_id: str = ""
+    updated: datetime | None = None
+    pinned_at: datetime | None = None
+    last_request_state: dict[str, Any] | None = None
+
+    @property
+    def last_change(self) -> datetime:
+        """``updated_at``."""
+        return self.updated or self.created
 
     def json(self) -> dict[str, Any]:
-        """The session object (C58; ``knowledge_base_id`` is no field of it)."""
-        at = go_time(at=self.created)
-        return {"id": self.id, "title": self.title, "description": self.description, "tenant_id": self.tenant_id,
-                "is_pinned": False, "created_at": at, "updated_at": at, "deleted_at": None}
+        """The session object as ``types.Session`` marshals (C58, C87): ``user_id``, ``pinned_at`` and
+        ``last_request_state`` only when set; ``knowledge_base_id`` is no field of it."""
+        out: dict[str, Any] = {"id": self.id, "title": self.title, "description": self.description,
+                               "tenant_id": self.tenant_id}
+        if self.user_id:
+            out["user_id"] = self.user_id
+        out["is_pinned"] = self.pinned_at is not None
+        if self.pinned_at is not None:
+            out["pinned_at"] = go_time_nano(self.pinned_at)
+        if self.last_request_state:
+            out["last_request_state"] = self.last_request_state
+        out.update(created_at=go_time_nano(self.created), updated_at=go_time_nano(self.last_change), deleted_at=None)
+        return out
+
+
+def in_scope(principal: Principal, s: Session) -> bool:
+    """``applySessionUserScope``: the caller's tenant, and its own session or a legacy one (no owner) (C82)."""
+    return s.tenant_id == principal.tenant_id and s.user_id in ("", principal.owner)
 
 
 class Conversations:
     """Sessions, chat and history of one sandbox server (see the module docstring)."""
 
-    def __init__(self, *, release: WeKnoraRelease, search: ChatSearch):
+    def __init__(self, *, release: WeKnoraRelease, search: ChatSearch,
+                 history: Callable[[], Iterable[Session]] | None = None):
+        """``history``: the sessions of the generated history, made on the first :meth:`load_history`."""
         self.release = release
         self.search = search
         self.sessions: dict[str, Session] = {}
         self.stats: dict[str, int] = {"sessions_created": 0, "sessions_deleted": 0, "title_calls": 0,
                                       "chat_requests": 0}
+        self._history = history
+
+    def load_history(self) -> None:
+        """Add the generated history's sessions, once (the routes that read sessions call it first)."""
+        if self._history is not None:
+            make, self._history = self._history, None
+            for s in make():
+                self.sessions.setdefault(s.id, s)
 
     # -- sessions ------------------------------------------------------------------------
     async def create_session(self, request: Request) -> Response:
@@ -99,21 +141,18 @@ class Conversations:
         body = await bind_request(request, "session.CreateSessionRequest", _SESSION_FIELDS)
         if isinstance(body, Response):
             return body
-        s = Session(str(uuid.uuid4()), body["title"], body["description"], principal_of(request.scope).tenant_id,
-                    _now())
+        principal = principal_of(request.scope)
+        s = Session(str(uuid.uuid4()), body["title"], body["description"], principal.tenant_id, _now(),
+                    user_id=principal.owner)
         self.sessions[s.id] = s
         self.stats["sessions_created"] += 1
         return ok(s.json(), status=201)
 
     def _session(self, request: Request, param: str = "id") -> Session | None:
-        """The caller's session named by the path parameter ``param``, or None."""
+        """The session named by the path parameter ``param`` when it is in the caller's scope (the write
+        paths' ``sessionRepo.Get`` with the owner, C82), or None."""
         s = self.sessions.get(request.path_params[param])
-        return s if s is not None and s.tenant_id == principal_of(request.scope).tenant_id else None
-
-    async def get_session(self, request: Request) -> Response:
-        """``GET /api/v1/sessions/{id}``: the session, or 404 (C59)."""
-        s = self._session(request)
-        return ok(s.json()) if s is not None else app_error(NOT_FOUND, "session not found")
+        return s if s is not None and in_scope(principal_of(request.scope), s) else None
 
     async def delete_session(self, request: Request) -> Response:
         """``DELETE /api/v1/sessions/{id}``: ``{"success": true, "message": ...}`` without data (C10), or 404."""
@@ -124,19 +163,6 @@ class Conversations:
         self.stats["sessions_deleted"] += 1
         return Response(go_json({"success": True, "message": "Session deleted successfully"}),
                         media_type="application/json")
-
-    async def list_sessions(self, request: Request) -> Response:
-        """``GET /api/v1/sessions``: one page (default 1, 20 per page), newest first, with total (C59)."""
-        try:
-            page, size = bind_pagination(request.query_params)
-        except BindError as exc:
-            return app_error(BAD_REQUEST, str(exc))
-        page, size = page or 1, size or 20
-        tenant = principal_of(request.scope).tenant_id
-        mine = sorted((s for s in self.sessions.values() if s.tenant_id == tenant), key=lambda s: s.created,
-                      reverse=True)
-        rows = [s.json() for s in mine[(page - 1) * size: page * size]]
-        return ok(rows, total=len(mine), page=page, page_size=size)
 
     # -- chat ----------------------------------------------------------------------------
     async def knowledge_chat(self, request: Request) -> Response:
@@ -153,6 +179,7 @@ class Conversations:
         if refused is not None:
             return refused
         self.stats["chat_requests"] += 1
+        s.last_request_state = _request_state(body, kb_ids, knowledge_ids, self.release)
         refs = self.search(body["query"], kb_ids, knowledge_ids) if kb_ids or knowledge_ids else []
         title = self._title_call(s, body)
         events = self._events(s, body["query"], refs, title)
@@ -192,7 +219,9 @@ class Conversations:
     def _record(self, s: Session, request_id: str, query: str, answer: str, refs: list[dict[str, Any]],
                 answer_id: str) -> None:
         """Keep the exchange in the session's history: the user's message and the answer."""
-        at = go_time(at=_now())
+        now = _now()
+        at = go_time(at=now)
+        s.updated = now
         base = {"session_id": s.id, "request_id": request_id, "agent_steps": [], "is_completed": True,
                 "created_at": at, "updated_at": at, "deleted_at": None}
         s.messages.append({"id": str(uuid.uuid4()), **base, "content": query, "role": "user",
@@ -200,38 +229,24 @@ class Conversations:
         s.messages.append({"id": answer_id, **base, "content": answer, "role": "assistant",
                            "knowledge_references": refs})
 
-    # -- history -------------------------------------------------------------------------
-    async def load_messages(self, request: Request) -> Response:
-        """``GET /api/v1/messages/{session_id}/load``: the last ``limit`` messages (default 20, a non-integer
-        is 20), before ``before_time`` when given (RFC 3339, else 400), oldest first; 404 (C67)."""
-        text = request.query_params.get("limit", "20")
-        limit = int(text) if text.lstrip("-").isdigit() else 20
-        before = request.query_params.get("before_time", "")
-        cut = None
-        if before:
-            try:
-                cut = datetime.fromisoformat(before.strip().replace("Z", "+00:00"))
-            except ValueError:
-                return app_error(BAD_REQUEST, "Invalid time format, please use RFC3339 or RFC3339Nano format")
-        s = self._session(request, "session_id")
-        if s is None:
-            return app_error(NOT_FOUND, "session not found")
-        msgs = [m for m in s.messages if cut is None or datetime.fromisoformat(m["created_at"].replace(
-            "Z", "+00:00")) < cut]
-        return ok(msgs[-limit:] if limit > 0 else msgs)
-
+    # -- search --------------------------------------------------------------------------
     async def search_messages(self, request: Request) -> Response:
         """``POST /api/v1/messages/search``: exchanges whose question or answer shares a token with the
-        query, best first, ``{"items": [...], "total": n}`` (C68). Score: the share of the query's
+        query, best first, ``{"items": [...], "total": n}`` (C68); the caller's own and legacy sessions
+        only where the release scopes search (main, C88). Score: the share of the query's
         tokens found in the question, times 0.7, plus the share found in the answer, times 0.3."""
         body = await bind_request(request, "handler.SearchMessagesRequest", _SEARCH_FIELDS)
         if isinstance(body, Response):
             return body
+        self.load_history()
         wanted = set(tokenize(body["query"]))
         only = set(body["session_ids"])
+        principal = principal_of(request.scope)
         items = []
         for s in self.sessions.values():
-            if s.tenant_id != principal_of(request.scope).tenant_id or (only and s.id not in only):
+            if s.tenant_id != principal.tenant_id or (only and s.id not in only):
+                continue
+            if self.release.owner_scoped_message_search and not in_scope(principal, s):
                 continue
             for q, a in zip(s.messages[::2], s.messages[1::2], strict=False):
                 asked, answered = (len(wanted & set(tokenize(m["content"]))) / max(1, len(wanted)) for m in (q, a))
@@ -242,6 +257,18 @@ class Conversations:
                                   "match_type": "keyword", "created_at": q["created_at"]})
         items.sort(key=lambda it: -it["score"])
         return ok({"items": items[: body["limit"] or 20], "total": len(items)})
+
+
+def _request_state(body: dict[str, Any], kb_ids: list[str], knowledge_ids: list[str],
+                   release: WeKnoraRelease) -> dict[str, Any]:
+    """``SessionLastRequestState`` of a chat request (C87), fields in the struct's order, omitempty ones only
+    when set; ``mentioned_items`` is a field from v0.7.2."""
+    state: dict[str, Any] = {"agent_id": body["agent_id"], "agent_enabled": body["agent_enabled"],
+                             "model_id": body["summary_model_id"], "knowledge_base_ids": kb_ids,
+                             "knowledge_ids": knowledge_ids,
+                             "mentioned_items": body["mentioned_items"] if release.per_key_sessions else None,
+                             "web_search_enabled": body["web_search_enabled"]}
+    return {k: v for k, v in state.items() if v or k in ("agent_enabled", "web_search_enabled")}
 
 
 def _targets(body: dict[str, Any]) -> tuple[list[str], list[str]]:

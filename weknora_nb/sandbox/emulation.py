@@ -54,12 +54,18 @@ class WeKnoraRelease:
     #: ``0.6.2`` at v0.6.3 too, ``0.7.2`` at main) and ``commit_id`` (the tag's commit, as get_version.sh takes it)
     reported_version: str = "0.7.2"
     commit_id: str = ""
+    #: C82-C84: sessions belong to the API key that created them and the channel sources (``api``, embed, IM)
+    #: need the Admin role; at v0.6.x a key acts as the tenant's first user and ``source`` knows web and IM only
+    per_key_sessions: bool = True
+    #: C88: ``POST /messages/search`` finds the caller's own (and legacy) sessions only; before main, tenant-wide
+    owner_scoped_message_search: bool = False
 
 
-#: the details v0.6.x share (C2, C16, C27, C33, C34, C55)
+#: the details v0.6.x share (C2, C16, C27, C33, C34, C55, C82-C84)
 _BEFORE_V072: dict[str, Any] = {
     "query_text_required": False, "scoped_tag_search": False, "chunk_revision_fields": False,
-    "bearer_rejection_message": False, "search_failure_is_error": False, "direct_load_knowledge": True}
+    "bearer_rejection_message": False, "search_failure_is_error": False, "direct_load_knowledge": True,
+    "per_key_sessions": False}
 
 RELEASES: dict[str, WeKnoraRelease] = {
     "v0.6.2": WeKnoraRelease("v0.6.2", hybrid_search_methods=("GET",), model_score_metadata=False,
@@ -70,7 +76,8 @@ RELEASES: dict[str, WeKnoraRelease] = {
                              key_service=False, inline_citations=False, reported_version="0.6.2",
                              commit_id="974ca35", **_BEFORE_V072),
     "v0.7.2": WeKnoraRelease("v0.7.2", commit_id="3d5d8bf"),
-    "main": WeKnoraRelease("main", match_count_nonpositive="default", commit_id="412dcc4"),
+    "main": WeKnoraRelease("main", match_count_nonpositive="default", commit_id="412dcc4",
+                           owner_scoped_message_search=True),
 }
 #: the latest release
 DEFAULT_RELEASE = "v0.7.2"

@@ -29,6 +29,7 @@ from weknora_nb.sandbox.chunking import corpus_chunks
 from weknora_nb.sandbox.emulation import WeKnoraRelease, release
 from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
 from weknora_nb.sandbox.faults import FaultConfig
+from weknora_nb.sandbox.history import demo_plan
 from weknora_nb.sandbox.server import SandboxApp, check_loopback
 
 if TYPE_CHECKING:
@@ -210,9 +211,11 @@ class SandboxServer:
             index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
             index.warm(self.version)
             engine = RetrievalEngine(index, self.version, release=self.release)
+            data, kb_id, faq_kb_id = Path(self.data_dir or demo_dir()), self.kb_id, self.faq_kb_id
             self.sandbox = SandboxApp(engine, api_key=self.api_key, kb_id=self.kb_id, faq_kb_id=self.faq_kb_id,
                                       faults=self.faults, allow_fault_control=self.allow_fault_control,
-                                      release=self.release, api_keys=self.api_keys)
+                                      release=self.release, api_keys=self.api_keys,
+                                      history=lambda: demo_plan(data, kb_id, faq_kb_id))
             self.app = self.sandbox.app
             config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=1, lifespan="off")
