@@ -2,7 +2,8 @@
 
 Builds the sandbox index, serves each system version of the demo folder's ``versions.yaml``
 (shipped inside the package, see :func:`weknora_nb.sandbox.demo_dir`) on loopback in turn,
-collects the demo test set at every stage with 3 repeats, renders all reports (baseline
+collects the demo test set at every stage with 3 repeats, judges the answers of
+:data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, renders all reports (baseline
 alone, then each other version compared with the baseline), stops the sandbox and returns
 the path of ``<out>/reports/index.html``.
 
@@ -24,17 +25,21 @@ from typing import Any
 
 from weknora_nb.collect.client import API_KEY_ENV, ClientSettings
 from weknora_nb.collect.collector import RunSummary, collect
+from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
+from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.core.errors import RunExistsError, UsageError
 from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, render_report, write_overview
 from weknora_nb.sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
 
-__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES", "FAQ_STAGES"]
+__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES", "FAQ_STAGES", "JUDGED_VERSIONS"]
 
 log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
 #: a version with an FAQ knowledge base measures that base on its own test set (no keyword path there, C20)
 FAQ_STAGES = "vector,hybrid,final,faq"
+#: the versions whose answers the sandbox's rule-based judge scores (docs/method.md section 11)
+JUDGED_VERSIONS = ("baseline", "rerank")
 
 
 @dataclass
@@ -63,21 +68,33 @@ def demo_testset(out: Path, limit: int | None = None, *, faq: bool = False) -> P
     return path
 
 
-def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = False,
+def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = False, judge: bool = False,
                      **kwargs: Any) -> RunSummary:
     """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
     resumed when the folder holds the same run, collected afresh when it holds another one (an older
-    demo, another ``limit``)."""
+    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge."""
     with SandboxServer(version) as sb:
         kwargs.update(system=sb.describe(), run_name=version)
         settings = ClientSettings(sb.base_url)
         kb = sb.faq_kb_id if faq else sb.kb_id
         try:
-            return collect(settings, kb, testset, run_dir, resume=(run_dir / "manifest.json").exists(), **kwargs)
+            summary = collect(settings, kb, testset, run_dir, resume=(run_dir / "manifest.json").exists(), **kwargs)
         except RunExistsError:
             log.info("%s holds an older demo run: collecting it again", run_dir)
             shutil.rmtree(run_dir)
-            return collect(settings, kb, testset, run_dir, **kwargs)
+            summary = collect(settings, kb, testset, run_dir, **kwargs)
+        if judge:
+            _judge(sb, run_dir, progress=bool(kwargs.get("progress")))
+        return summary
+
+
+def _judge(sb: SandboxServer, run_dir: Path, *, progress: bool) -> None:
+    """Judge the run's answers with the sandbox's rule-based judge (a rerun is served by the judge's cache)."""
+    os.environ.setdefault(JUDGE_API_KEY_ENV, os.environ[API_KEY_ENV])  # the sandbox judge takes a sandbox key
+    outcome = judge_run(run_dir, LLMSettings(f"{sb.base_url}/v1", RULE_JUDGE_MODEL),
+                        JudgeOptions(repeats=3, concurrency=8, progress=progress))
+    log.info("judged %s: %d judged, %d failed, %d calls, %d from the cache", run_dir.name, outcome.judged,
+             outcome.failed, outcome.calls_made, outcome.cache_hits)
 
 
 def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool) -> tuple[Path, list[Report]]:
@@ -128,6 +145,7 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     t0 = time.perf_counter()
     for v in names:
         summary = _collect_version(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
+                                   judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
                                    stages=FAQ_STAGES if v in faq else stages, repeats=repeats,
                                    concurrency=concurrency, progress=progress)
         log.info(summary.describe())

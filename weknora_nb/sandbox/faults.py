@@ -1,7 +1,7 @@
 """What the sandbox server does wrong on purpose: latency, hangs, errors, rate limits, bad bodies.
 
-Off by default and only on ``/api/v1/`` paths. Per request, in this order: added latency (fixed
-plus uniform jitter, or lognormal), then a hang, then at most one of a 500, a 429 with
+Off by default and only on ``/api/v1/`` paths (and the judge's ``/v1/``). Per request, in this
+order: added latency (fixed plus uniform jitter, or lognormal), then a hang, then at most one of a 500, a 429 with
 ``Retry-After`` and a malformed 200 body. SSE streams may be cut: the stream ends right after its
 ``references`` event (or, when it has none, just before ``complete``), so the client never sees
 ``complete``. ``rerank_error_rate`` is rolled by knowledge-search itself (the reranker fails for
@@ -157,7 +157,7 @@ def _is_event_stream(start: Message) -> bool:
 
 
 class FaultMiddleware:
-    """Injects the faults of ``faults`` into every ``/api/v1/`` request, before routing.
+    """Injects the faults of ``faults`` into every ``/api/v1/`` (and ``/v1/``) request, before routing.
 
     So before the answer memory too: a remembered answer still gets its latency and faults.
     """
@@ -167,7 +167,7 @@ class FaultMiddleware:
         self.faults = faults
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/api/v1/"):
+        if scope["type"] == "http" and scope["path"].startswith(("/api/v1/", "/v1/")):
             fault = await self.faults.before_request()
             if fault is not None:
                 await fault(scope, receive, send)

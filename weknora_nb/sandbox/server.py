@@ -8,8 +8,12 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
 - ``GET /api/v1/knowledge-bases``, ``GET /api/v1/knowledge-bases/{id}``, ``GET .../{id}/knowledge``,
   ``GET /api/v1/knowledge/{id}``, ``GET /api/v1/chunks/{knowledge_id}``, ``GET /api/v1/chunks/by-id/{id}``,
   ``GET /api/v1/system/info``, ``GET /api/v1/tenants/kv/{key}`` (C48-C57)
-- ``POST|GET /api/v1/sessions``, ``GET|DELETE /api/v1/sessions/{id}``, ``POST /api/v1/knowledge-chat/{id}``,
-  ``GET /api/v1/messages/{session_id}/load``, ``POST /api/v1/messages/search`` (C58-C69, :mod:`.chat`)
+- ``POST /api/v1/sessions``, ``DELETE /api/v1/sessions/{id}``, ``POST /api/v1/knowledge-chat/{id}``,
+  ``POST /api/v1/messages/search`` (C58-C69, C88, :mod:`.chat`); ``GET /api/v1/sessions``, ``GET
+  /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87, :mod:`.history`,
+  over the server's sessions and the generated history of ``history``, made on first use)
+- ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
+  (:mod:`.judge`; not a WeKnora route)
 - ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults`` and ``GET /_sandbox/stats`` only when fault
   control is allowed (tests, benchmarks).
 
@@ -47,11 +51,13 @@ from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox import auth
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
 from weknora_nb.sandbox.catalog import Catalog
-from weknora_nb.sandbox.chat import Conversations
+from weknora_nb.sandbox.chat import Conversations, Session
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.emulation import release as named_release
-from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, NegativeMatchCount, RetrievalEngine
+from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, Hit, NegativeMatchCount, RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddleware
+from weknora_nb.sandbox.history import HistoryPlan, HistoryRoutes, materialise
+from weknora_nb.sandbox.judge import RuleJudge
 from weknora_nb.sandbox.wire import (
     BAD_REQUEST,
     INTERNAL,
@@ -187,20 +193,25 @@ class SandboxApp:
     force, shared with the middleware); ``answers`` (the :class:`AnswerMemory`); ``keys`` (the
     API keys accepted: ``api_key`` is a full-access workspace key of tenant 1, ``api_keys``
     adds keys as ``{secret: {"kind", "tenant_id", "capabilities", "knowledge_base_ids"}}``, see
-    :class:`~weknora_nb.sandbox.auth.ApiKey`).
+    :class:`~weknora_nb.sandbox.auth.ApiKey`); ``history``: gives the generated conversation history
+    (:func:`~weknora_nb.sandbox.history.demo_plan`), called when a route first reads sessions (None: none).
     """
 
     def __init__(self, engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                  faults: FaultConfig | None = None, allow_fault_control: bool = False,
-                 release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None):
+                 release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
+                 history: Callable[[], HistoryPlan] | None = None):
         self.engine = engine
         self.release = release or named_release(None)
         self.kb_id = kb_id
         self.catalog = Catalog(engine, kb_id=kb_id, faq_kb_id=faq_kb_id, release=self.release)
-        self.conversations = Conversations(release=self.release, search=self._chat_references)
+        made = (lambda: self._history_sessions(history)) if history is not None else None
+        self.conversations = Conversations(release=self.release, search=self._chat_references, history=made)
+        self.history = HistoryRoutes(self.conversations, self.release)
         self.faults = FaultInjector(faults or FaultConfig())
         self.answers = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
+        self.judge = RuleJudge(self.keys)
         self.started = time.time()
         self.router = Router(self.routes(allow_fault_control))
         methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -212,9 +223,11 @@ class SandboxApp:
 
     def routes(self, allow_fault_control: bool) -> list[Route]:
         """The routes of the release, each with the capability an API key needs (C7)."""
-        c = self.conversations
+        c, h = self.conversations, self.history
         kb = "/api/v1/knowledge-bases"
-        routes = [Route("GET", "/health", self.health)]
+        routes = [Route("GET", "/health", self.health),
+                  Route("POST", "/v1/chat/completions", self.judge.chat_completions),  # the rule-based judge
+                  Route("GET", "/v1/models", self.judge.models)]
         routes += [Route(m, kb + "/:id/hybrid-search", self.hybrid_search, auth.RETRIEVE)
                    for m in self.release.hybrid_search_methods]
         routes += [
@@ -229,12 +242,12 @@ class SandboxApp:
             Route("GET", "/api/v1/system/info", self.system_info, auth.MANAGE_VECTOR_STORES),
             Route("GET", "/api/v1/tenants/kv/:key", self.tenant_kv, auth.MANAGE_TENANT_SETTINGS),
             Route("POST", "/api/v1/sessions", c.create_session, auth.CHAT),
-            Route("GET", "/api/v1/sessions", c.list_sessions, auth.CHAT),
-            Route("GET", "/api/v1/sessions/:id", c.get_session, auth.CHAT),
+            Route("GET", "/api/v1/sessions", h.list_sessions, auth.CHAT),
+            Route("GET", "/api/v1/sessions/:id", h.get_session, auth.CHAT),
             Route("DELETE", "/api/v1/sessions/:id", c.delete_session, auth.CHAT),
             Route("POST", "/api/v1/knowledge-chat/:session_id", c.knowledge_chat, auth.CHAT),
             Route("POST", "/api/v1/messages/search", c.search_messages, auth.MESSAGE_HISTORY),
-            Route("GET", "/api/v1/messages/:session_id/load", c.load_messages, auth.CHAT),
+            Route("GET", "/api/v1/messages/:session_id/load", h.load_messages, auth.CHAT),
         ]
         if allow_fault_control:
             routes += [Route("GET", "/_sandbox/faults", self.faults_endpoint),
@@ -475,6 +488,19 @@ class SandboxApp:
                                             kb_types=self.catalog.kb_types(known))
         return [self.catalog.result_json(h) for h in hits]
 
+    # -- the generated history -----------------------------------------------------------
+    def _history_sessions(self, plan: Callable[[], HistoryPlan]) -> list[Session]:
+        """The history's sessions as this release and version serve them (references to served chunks only)."""
+        kbs = {k: kb.type for k, kb in self.catalog.kbs.items()}
+        return materialise(plan(), self.release, self._history_reference, kbs)
+
+    def _history_reference(self, chunk_id: str, score: float) -> dict[str, Any] | None:
+        """A history answer's reference to ``chunk_id``: its search result (C22), None when not served."""
+        i = self.engine.index.by_id.get(chunk_id)
+        if i is None or self.catalog.kb_of_chunk(i) is None:
+            return None
+        return self.catalog.result_json(Hit(i, score), reranked_metadata=False)
+
     # -- sandbox control -----------------------------------------------------------------
     async def faults_endpoint(self, request: Request) -> Response:
         """``GET|PUT /_sandbox/faults``: the faults in force; PUT replaces them (400 naming a bad setting)."""
@@ -493,11 +519,12 @@ class SandboxApp:
 
 def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                faults: FaultConfig | None = None, allow_fault_control: bool = False,
-               release: WeKnoraRelease | None = None,
-               api_keys: Mapping[str, Mapping[str, Any]] | None = None) -> Starlette:
+               release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
+               history: Callable[[], HistoryPlan] | None = None) -> Starlette:
     """The ASGI application serving ``engine`` as knowledge base ``kb_id`` in ``release`` (see :class:`SandboxApp`).
 
     Its ``.state.faults`` is the :class:`FaultInjector` in force, ``.state.sandbox`` the :class:`SandboxApp`.
     """
     return SandboxApp(engine, api_key=api_key, kb_id=kb_id, faq_kb_id=faq_kb_id, faults=faults,
-                      allow_fault_control=allow_fault_control, release=release, api_keys=api_keys).app
+                      allow_fault_control=allow_fault_control, release=release, api_keys=api_keys,
+                      history=history).app
