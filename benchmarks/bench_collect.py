@@ -30,10 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect_async
-from weknora_nb.sandbox import demo_dir
+from weknora_nb.collect.client import ClientSettings
 from weknora_nb.core.testset import TestSet, load_testset
+from weknora_nb.sandbox import demo_dir
 
 
 def start_server(latency_ms: float, port: int, env: dict) -> subprocess.Popen:

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 from weknora_nb import score
-from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect_async
+from weknora_nb.collect.client import ClientSettings
 from weknora_nb.core.results import read_results
-from weknora_nb.sandbox import SandboxServer, demo_dir
 from weknora_nb.core.testset import load_testset
+from weknora_nb.sandbox import SandboxServer, demo_dir
 
 BUILD = """
 import time, sys

@@ -24,7 +24,8 @@ TS = TestSet.from_records([
     {"query_id": "q4", "query": "d", "relevant": {"t1": 1}},
 ])
 # the chat's final references, in their order (the citations stage's results rows)
-RESULTS = results_frame(ranked("q1", ["r3", "z", "r1"], stage="citations") + ranked("q2", ["s2", "x"], stage="citations")
+RESULTS = results_frame(ranked("q1", ["r3", "z", "r1"], stage="citations")
+                        + ranked("q2", ["s2", "x"], stage="citations")
                         + ranked("q3", ["y"], stage="citations") + failed("q4", stage="citations"))
 RUN = Run(Path("crafted"), {"run_name": "crafted"}, RESULTS, TS, score(TS, RESULTS, ["ndcg@5"]))
 
@@ -38,7 +39,8 @@ def _answers(tmp_path, lines):
 def test_known_values(tmp_path):
     ans = _answers(tmp_path, [
         # q1 cites r1 before r3 (the references list r3 first: reordered), z (grade 0), and w (not a reference)
-        {"query_id": "q1", "stage": "citations", "repeat": 1, "answer": "...", "citations": ["r1", "r3", "r1", "z", "w"]},
+        {"query_id": "q1", "stage": "citations", "repeat": 1, "answer": "...",
+         "citations": ["r1", "r3", "r1", "z", "w"]},
         {"query_id": "q2", "stage": "citations", "repeat": 1, "answer": "无引用的回答", "citations": []},
         {"query_id": "q3", "stage": "citations", "repeat": 1, "answer": "...", "citations": ["y"]},
     ])

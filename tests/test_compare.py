@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from weknora_nb import write_results
-from weknora_nb.collect.client import ClientSettings
-from weknora_nb.collect import collect
 from weknora_nb.analysis.compare import compare_runs, config_diff, history
+from weknora_nb.analysis.gate import gate, parse_bounds
+from weknora_nb.analysis.stratify import classify, load_rules, stratify
+from weknora_nb.collect import collect
+from weknora_nb.collect.client import ClientSettings
 from weknora_nb.core.errors import ConfigError, NotComparableError
 from weknora_nb.core.run import load_run
-from weknora_nb.analysis.gate import gate, parse_bounds
-from weknora_nb.sandbox import SandboxServer, demo_dir
-from weknora_nb.analysis.stratify import classify, load_rules, stratify
 from weknora_nb.core.testset import TestSet
+from weknora_nb.sandbox import SandboxServer, demo_dir
 
 from .conftest import ranked, results_frame
 

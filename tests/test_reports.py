@@ -13,29 +13,36 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
-import papermill as pm
 import pandas as pd
+import papermill as pm
 import pytest
 
-from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect import collect
+from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
+from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.run import load_run
+from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.reports import figures, tables
 from weknora_nb.reports import notebook as wn
 from weknora_nb.reports.render import NOTEBOOKS, _kernel_manager_class, headline, notebooks_dir, render_report
 from weknora_nb.sandbox import SandboxServer, demo_dir
-from weknora_nb.core.testset import TestSet, load_testset
 
 KEY = "sk-report-test-9d8c7b6a5f4e"
 EVIL = '<script>alert("kb")</script>'
 
 SECTIONS = {
     "01_collect": ["01 · Collect", "Manifest", "Requests per stage", "Latency"],
-    "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Recall funnel", "Distributions"],
+    "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Label coverage", "Recall funnel",
+                   "Distributions"],
     "03_stratify": ["03 · Stratify", "Heatmaps", "Weakest groups"],
     "04_degraded": ["04 · Degraded queries", "What each stage ran", "Causes by stage", "Drill-down"],
-    "05_compare": ["05 · Compare", "Configuration difference", "Deltas", "Latency cost", "Recommendation", "History"],
+    "05_compare": ["05 · Compare", "Configuration difference", "Deltas", "Latency cost", "Recommendation",
+                   "Answers beside retrieval", "Label coverage", "Effect sizes", "Which query types gain",
+                   "Every version side by side", "History"],
+    "06_answers": ["06 · Answers", "Scores", "By query type", "The worst answers", "Citations", "Citation order",
+                   "Judge stability", "Cost", "sandbox-rule-judge", "rule-based judge, not a language model"],
 }
 
 
@@ -91,9 +98,12 @@ def reports(tmp_path_factory):
             with SandboxServer(v, data_dir=data, cache_dir=tmp / "cache") as sb:
                 collect(ClientSettings(sb.base_url), sb.kb_id, ts, tmp / "runs" / v, repeats=2, warmup=1,
                         stages="vector,keyword,hybrid,final,citations", progress=False, system=sb.describe())
+                os.environ[JUDGE_API_KEY_ENV] = KEY  # the sandbox's rule-based judge takes a sandbox key
+                judge_run(tmp / "runs" / v, LLMSettings(sb.base_url + "/v1", RULE_JUDGE_MODEL), JudgeOptions(repeats=2))
         with stderr_and_logs([]) as stderr:
             rep = render_report(tmp / "runs" / "rerank", [tmp / "runs" / "baseline"], out_root=tmp / "reports")
     finally:
+        os.environ.pop(JUDGE_API_KEY_ENV, None)
         if old is None:
             os.environ.pop("WEKNORA_API_KEY")
         else:
@@ -113,7 +123,7 @@ def test_every_notebook_renders_its_sections_without_errors(reports, nb):
     assert not re.search(r'<script[^>]+src="https?://', page)  # self-contained
 
 
-@pytest.mark.parametrize("nb", ["01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare"])
+@pytest.mark.parametrize("nb", ["01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare", "06_answers"])
 def test_figures_are_embedded(reports, nb):
     page = reports[1].pages[nb].read_text(encoding="utf-8")
     assert re.search(r'<img[^>]+src="data:image/png;base64,', page)

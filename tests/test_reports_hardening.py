@@ -28,9 +28,9 @@ from weknora_nb.core.testset import TestSet
 from weknora_nb.reports import figures, safe, tables
 from weknora_nb.reports import notebook as wn
 from weknora_nb.reports.render import (
-    NOTEBOOKS,
     Report,
     _kernel_manager_class,
+    notebooks_for,
     render_report,
     write_index,
     write_overview,
@@ -233,7 +233,7 @@ def test_a_run_whose_every_request_failed_renders_every_notebook_saying_so(tmp_p
     ts = craft_testset(tmp_path)
     run = craft_run(tmp_path / "runs", "down", ts, stages=["vector", "final"], failing=("vector", "final"))
     rep = render_report(run, out_root=tmp_path / "reports")
-    assert set(rep.pages) == set(NOTEBOOKS)
+    assert set(rep.pages) == set(notebooks_for(run))
     said = "Every request of stage final failed (kinds: server 12, timeout 12)"
     for page in [*rep.pages.values(), rep.index]:
         text = page.read_text(encoding="utf-8")
@@ -334,4 +334,5 @@ def test_reports_rendered_at_once_on_runs_of_one_folder_all_succeed(tmp_path):
         assert "index.html" in out
     assert {p.name for p in runs.iterdir()} == before  # no socket, no connection file in the runs folder
     for name in names:
-        assert {p.name for p in (tmp_path / "reports" / name).glob("*.html")} >= {f"{nb}.html" for nb in NOTEBOOKS}
+        pages = {p.name for p in (tmp_path / "reports" / name).glob("*.html")}
+        assert pages >= {f"{nb}.html" for nb in notebooks_for(runs / name)}

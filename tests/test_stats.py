@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from weknora_nb.analysis.stats import (bootstrap_ci, holm, paired_bootstrap_ci, randomization_test,
-                                       small_group_warning)
+from weknora_nb.analysis.stats import bootstrap_ci, holm, paired_bootstrap_ci, randomization_test, small_group_warning
 from weknora_nb.core.pipeline import significance_warning
 
 

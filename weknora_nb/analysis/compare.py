@@ -7,6 +7,7 @@
     cmp.config_diff    # which configuration keys differ
     cmp.latency        # p50 / p95 / p99 per run and deltas
     cmp.recommendation # the decision rules in words
+    rank_versions(cmp) # every version ranked, with which differences the data resolve
 
 Runs are comparable only on the same test set (same content hash); anything else is
 refused. The first run is the baseline; each other run is compared with it.
@@ -14,8 +15,9 @@ refused. The first run is the baseline; each other run is compared with it.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +25,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from weknora_nb.analysis.coverage import coverage_warning
 from weknora_nb.analysis.diagnose import CONVERSATION, effective_config
+from weknora_nb.analysis.evidence import effect_columns
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
-from weknora_nb.core.errors import NotComparableError, WeknoraNbError
+from weknora_nb.core.errors import NotComparableError, UsageError, WeknoraNbError
+from weknora_nb.core.lineage import rescore_plan
 from weknora_nb.core.metrics import parse_metrics
 from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, role_of, significance_warning
 from weknora_nb.core.run import Run, flatten, iter_runs, load_run
+from weknora_nb.core.testset import load_testset
 
-__all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend"]
+__all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend", "Ranking",
+           "rank_versions"]
 
 #: configuration keys that name or describe a version rather than configure it
 _IGNORED_KEYS = ("description", "version", "name", "faults")
@@ -136,16 +143,33 @@ class Comparison:
         return out
 
 
-def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Iterable[str] | None) -> list[Run]:
-    """The runs, loaded: at least two, all on the same test set (same content hash)."""
+def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Iterable[str] | None
+                     ) -> tuple[list[Run], list[str]]:
+    """The runs, loaded, all on one test set, and what was done to get there.
+
+    Runs scored on different versions of a test set (docs/method.md section 10) are all
+    re-scored on the newest when one version descends from the others by its lineage
+    (:func:`weknora_nb.core.lineage.rescore_plan`); otherwise they cannot be compared and the
+    error says why.
+    """
     runs = [p if isinstance(p, Run) else load_run(p, metrics=metrics) for p in paths]
     if len(runs) < 2:
         raise NotComparableError("a comparison needs at least two runs")
-    hashes = {r.testset.hash for r in runs}
-    if len(hashes) != 1:
-        listing = ", ".join(f"{r.name}: {r.testset.hash[:19]}" for r in runs)
-        raise NotComparableError(f"runs on different test sets cannot be compared ({listing})")
-    return runs
+    if len({r.testset.hash for r in runs}) == 1:
+        return runs, []
+    listing = ", ".join(f"{r.name}: {r.testset.hash[:19]}" for r in runs)
+    plans = [rescore_plan(a.manifest, b.manifest) for a, b in itertools.combinations(runs, 2)
+             if a.testset.hash != b.testset.hash]
+    targets = {path for path, _ in plans}
+    if None in targets or len(targets) != 1:
+        reasons = "; ".join(reason for path, reason in plans if path is None) or "no one version is the newest"
+        raise NotComparableError(f"runs on different test sets cannot be compared ({listing}): {reasons}")
+    newest = str(targets.pop())
+    target = load_testset(newest)
+    runs = [load_run(r.path, testset=target, metrics=metrics, other_version=True) for r in runs]
+    note = (f"The runs were scored on different versions of the test set ({listing}); all are re-scored on the "
+            f"newest, {newest} ({target.hash[:19]}...): {plans[0][1]}.")
+    return runs, [note]
 
 
 def _common_stage(runs: list[Run], stage: str | None) -> str:
@@ -209,7 +233,8 @@ def _settings_warning(runs: list[Run], stage: str, diff: pd.DataFrame) -> str | 
 
 def _pair_warnings(base: Run, other: Run, stage: str) -> list[str]:
     """What limits one pair's comparison besides its size: several changed variables, a changed retrieval
-    config the compared stage does not run, an incomplete run."""
+    config the compared stage does not run, an incomplete run, fewer labelled chunks in the compared
+    run's top 10 than in the baseline's (``analysis.coverage``)."""
     out = []
     diff = config_diff([base.manifest, other.manifest], [base.name, other.name])
     changed = _variables(diff)
@@ -222,27 +247,34 @@ def _pair_warnings(base: Run, other: Run, stage: str) -> list[str]:
     if not base.scores.complete or not other.scores.complete:
         out.append(f"{base.name if not base.scores.complete else other.name} is incomplete: failed or "
                    "missing requests are left out of the comparison.")
+    coverage = coverage_warning(base, other, stage)
+    if coverage:
+        out.append(coverage)
     return out
 
 
 def compare_runs(paths: Sequence[str | Path] | Sequence[Run], *, stage: str | None = None,
                  metrics: Iterable[str] | None = None, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                 latency_budget_ms: float | None = None) -> Comparison:
+                 latency_budget_ms: float | None = None, effects: bool = False,
+                 detect: Mapping[str, float] | None = None, improve_by: float = 0.0) -> Comparison:
     """Compare two or more runs; the first is the baseline (docs/method.md section 7).
 
     Per metric and compared run: both means, ``delta`` (B - A) with a 95 % paired-bootstrap
     interval over the queries valid and scored in both, the paired randomization-test
     p-value with Holm's correction across the metrics shown, and wins / ties / losses
     per query. ``stage`` defaults to ``final`` when every run has it, else the only
-    common stage.
+    common stage. ``p_holm_all``: Holm's correction across every compared run and metric (the family of
+    a comparison of several versions). With ``effects`` (or ``detect``: metric -> the effect to detect),
+    the columns ``d_z``, ``share_improved`` (d > ``improve_by``), ``mde`` (80 % power, level 5 %) and
+    ``n_needed`` (:func:`weknora_nb.analysis.evidence.effect_columns`).
     """
-    runs = _comparable_runs(paths, metrics)
+    runs, rescored = _comparable_runs(paths, metrics)
     stage = _common_stage(runs, stage)
     mets = [m.name for m in parse_metrics(metrics)]
     base = runs[0]
     rows: list[dict[str, Any]] = []
     per_query: list[pd.DataFrame] = []
-    warnings: list[str] = []
+    warnings: list[str] = list(rescored)
     for other in runs[1:]:
         pair_rows, frame = _paired_rows(base, other, stage, mets, resamples, seed)
         rows += pair_rows
@@ -254,6 +286,9 @@ def compare_runs(paths: Sequence[str | Path] | Sequence[Run], *, stage: str | No
     diff_all = config_diff([r.manifest for r in runs], [r.name for r in runs])
     cmp = Comparison(runs, stage, pd.DataFrame(rows), diff_all, latency_table(runs, stage),
                      pd.concat(per_query, ignore_index=True), warnings)
+    cmp.metrics["p_holm_all"] = holm(cmp.metrics["p_value"].to_numpy())
+    if effects or detect:
+        cmp.metrics = effect_columns(cmp.metrics, cmp.per_query, detect=detect, improve_by=improve_by)
     cmp.recommendation = recommend(cmp, latency_budget_ms=latency_budget_ms)
     return cmp
 
@@ -322,3 +357,69 @@ def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("rec
                          "testset": run.testset.hash[7:19], "stage": st, "complete": run.scores.complete,
                          **{m: wide.loc[st, m] for m in wide.columns}})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------
+# several versions: a ranking with the differences the data resolve
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Ranking:
+    """What :func:`rank_versions` found: ``table`` (one row per version, best first: ``rank``, ``run``,
+    ``mean``, ``tier``, ``resolved_from_next``) and ``pairs`` (every pair of versions: ``better``,
+    ``worse``, ``n``, ``delta``, ``ci_low``, ``ci_high``, ``p_value``, ``p_holm``, ``resolved``)."""
+
+    metric: str
+    table: pd.DataFrame
+    pairs: pd.DataFrame
+
+    def describe(self) -> str:
+        """The ranking in words: tiers of versions the data cannot tell apart."""
+        lines = [f"ranking by {self.metric} (a tier: versions whose difference from the tier's best is not "
+                 "resolved, Holm across every pair):"]
+        for r in self.table.itertuples():
+            lines.append(f"  {r.rank}. {r.run:<20} {r.mean:.4f}  tier {r.tier}")
+        return "\n".join(lines)
+
+
+def _version_values(cmp: Comparison, metric: str) -> pd.DataFrame:
+    """Queries x versions: each version's per-query value of ``metric`` (the baseline's from its pairs)."""
+    pq = cmp.per_query
+    if f"{metric}_a" not in pq.columns:
+        raise UsageError(argument="metric", allowed=[c[:-2] for c in pq.columns if c.endswith("_a")], got=metric)
+    wide = pq.pivot_table(index="query_id", columns="run", values=f"{metric}_b", aggfunc="first", observed=True)
+    base = pq.groupby("query_id", sort=False)[f"{metric}_a"].first()
+    out = pd.concat([base.rename(cmp.runs[0].name), wide], axis=1)
+    return out[[r.name for r in cmp.runs]]
+
+
+def rank_versions(cmp: Comparison, *, metric: str = HEADLINE_METRIC, alpha: float = 0.05,
+                  resamples: int = 2000, seed: int = 0) -> Ranking:
+    """Every version of ``cmp`` (baseline included) ranked by its mean ``metric`` over the queries all
+    versions share, with a paired comparison of every pair (95 % paired-bootstrap interval,
+    randomization-test p, Holm across all pairs). A difference is *resolved* when its Holm p < ``alpha``
+    and its interval excludes 0. Tiers, best first: a version joins the current tier unless its difference
+    from the tier's first version is resolved, in which case it starts the next tier."""
+    values = _version_values(cmp, metric).dropna()
+    means = values.mean().sort_values(ascending=False, kind="stable")
+    order = list(means.index)
+    pairs = []
+    for i, hi in enumerate(order):
+        for lo in order[i + 1:]:
+            a, b = values[lo].to_numpy(), values[hi].to_numpy()
+            ci = paired_bootstrap_ci(a, b, resamples=resamples, seed=seed)
+            pairs.append({"better": hi, "worse": lo, "n": len(values), "delta": float((b - a).mean()),
+                          "ci_low": float(ci[0]), "ci_high": float(ci[1]),
+                          "p_value": float(randomization_test(a, b, resamples=resamples, seed=seed + 1))})
+    pt = pd.DataFrame(pairs, columns=["better", "worse", "n", "delta", "ci_low", "ci_high", "p_value"])
+    pt["p_holm"] = holm(pt["p_value"].to_numpy()) if len(pt) else []
+    pt["resolved"] = (pt["p_holm"] < alpha) & ((pt["ci_low"] > 0) | (pt["ci_high"] < 0))
+    resolved = {(r.better, r.worse): bool(r.resolved) for r in pt.itertuples()}
+    tiers, tier, leader = [], 1, order[0] if order else None
+    for v in order:
+        if v != leader and resolved.get((leader, v), False):
+            tier, leader = tier + 1, v
+        tiers.append(tier)
+    nxt = [resolved.get((v, w), False) for v, w in zip(order, order[1:], strict=False)] + [None]
+    table = pd.DataFrame({"rank": range(1, len(order) + 1), "run": order, "mean": means.to_numpy(), "tier": tiers,
+                          "resolved_from_next": nxt})
+    return Ranking(metric, table, pt)

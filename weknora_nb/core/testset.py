@@ -75,8 +75,9 @@ class TestSet:
     queries : DataFrame
         One row per query: ``query_id``, ``query``, ``query_type`` (or missing),
         ``tags`` (a list of str per query, held as an Arrow list column), ``answer`` (or
-        missing), ``weight`` (nullable Int64: the traffic weight, or missing), ``n_labelled`` (chunks with a grade, 0 included), ``n_relevant`` (chunks
-        with grade >= 1), ``valid``. Text columns are pandas' default string dtype.
+        missing), ``weight`` (nullable Int64: the traffic weight, or missing), ``n_labelled``
+        (chunks with a grade, 0 included), ``n_relevant`` (chunks with grade >= 1), ``valid``.
+        Text columns are pandas' default string dtype.
     qrels : DataFrame
         One row per label: ``query_id``, ``chunk_id``, ``grade`` (int8, 0-3), the labels
         of each query together and in file order.
@@ -1029,8 +1030,8 @@ class _Builder:
 
     #: column -> Arrow type (the query columns, then the label columns)
     _TYPES = {"line": pa.int64(), "query_id": _TEXT, "query": _TEXT, "query_type": _TEXT, "answer": _TEXT,
-              "weight": pa.int64(), "tags": pa.list_(_TEXT), "n_labelled": pa.int64(), "n_relevant": pa.int64(), "label_query": _TEXT,
-              "chunk_id": _TEXT, "grade": pa.int8()}
+              "weight": pa.int64(), "tags": pa.list_(_TEXT), "n_labelled": pa.int64(), "n_relevant": pa.int64(),
+              "label_query": _TEXT, "chunk_id": _TEXT, "grade": pa.int8()}
 
     def __init__(self, path: str, where: str, problems: list[Problem] | None = None):
         self.path, self.where = path, where

@@ -7,6 +7,11 @@ or :func:`open_collection` in 01_collect, which may run the collection first.
 Interactive controls (ipywidgets) are only built when ``interactive`` is true (a live
 JupyterLab session); rendered reports call the same functions with ``interactive=False``
 and get the static equivalent: every choice a widget offers, shown one after another.
+
+What these helpers show is HTML built by :mod:`weknora_nb.reports.safe` (every text from
+the run, the test set or the knowledge base escaped), never Markdown with data in it; a
+figure or table with nothing to show (every request of its stage failed) is replaced by
+the sentence that says so (:func:`unless_failed`).
 """
 
 from __future__ import annotations
@@ -19,22 +24,24 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from IPython.display import HTML, Markdown, Pretty, display
+from IPython.display import HTML, Pretty, display
 
 from weknora_nb.core.metrics import DEFAULT_METRICS
 from weknora_nb.core.pipeline import role_of
 from weknora_nb.core.run import MANIFEST, Run, flatten, load_run
-from weknora_nb.reports.figures import use_cjk_font
-from weknora_nb.reports.tables import html_table
+from weknora_nb.reports import safe
+from weknora_nb.reports.figures import figure_style
+from weknora_nb.reports.tables import all_stages, failure_lines, html_table, report_stage
 
 __all__ = ["open_run", "open_collection", "describe", "manifest_table", "request_counts", "stage_latencies",
-           "warnings_md", "settings_note", "excluded_table", "choose", "md", "show_html"]
+           "warnings_note", "settings_note", "excluded_table", "choose", "text", "bullets", "table", "show_html",
+           "failure_note", "unless_failed", "stratify", "label_coverage", "traffic_weighted"]
 
 
 def describe(run: Run, stage: str | None = None) -> str:
     """One line: the run's name, its stages, its test set's hash and (when given) the focus stage."""
     focus = f", focus stage {stage}" if stage is not None else ""
-    return f"run {run.name}: stages {run.stages}, test set {run.testset.hash[:19]}...{focus}"
+    return f"run {run.name}: stages {all_stages(run)}, test set {run.testset.hash[:19]}...{focus}"
 
 
 def open_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, stage: str | None = None,
@@ -44,15 +51,19 @@ def open_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, stage
     ``metrics`` (None: the defaults) plus the metrics the notebook ``needs``; ``domain_adjustment``
     (0, or 0.05-0.10) lowers every tier threshold, so tables colour by the adjusted tiers;
     ``stage``: the focus stage, else ``final`` when the run has it, else the stage furthest down
-    the pipeline (:meth:`Run.focus_stage`, which raises :class:`UsageError` naming the stages
-    when ``stage`` is not one of them).
+    the pipeline (:func:`weknora_nb.reports.tables.report_stage`, which raises :class:`UsageError`
+    naming the stages when ``stage`` is not one of them). A stage whose every request failed
+    may be the focus: the failure is shown here, and again in place of each figure.
     """
     if needs:
         metrics = list(dict.fromkeys([*(DEFAULT_METRICS if metrics is None else metrics), *needs]))
     run = load_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment)
-    use_cjk_font()
-    focus = run.focus_stage(stage)
+    figure_style()
+    focus = report_stage(run, stage)
     display(Pretty(describe(run, focus)))
+    note = failure_note(run)
+    if note is not None:
+        display(note)
     return run, focus
 
 
@@ -77,19 +88,56 @@ def open_collection(run_dir: str | Path, *, collect: bool = False, base_url: str
                                  resume=Path(run_dir, MANIFEST).exists())
         display(Pretty(summary.describe()))
     run = load_run(run_dir)
-    use_cjk_font()
+    figure_style()
     display(Pretty(describe(run)))
+    note = failure_note(run)
+    if note is not None:
+        display(note)
     return run
 
 
-def md(text: str) -> Markdown:
-    """``text`` shown as Markdown."""
-    return Markdown(text)
+def text(plain: str) -> HTML:
+    """Plain text (paragraphs, ``- `` bullets), escaped, shown as HTML (:func:`safe.text`)."""
+    return HTML(safe.text(plain))
 
 
-def show_html(text: str) -> HTML:
-    """``text`` (already escaped HTML) shown as HTML."""
-    return HTML(text)
+def bullets(items: Iterable[Any], *, empty: str = "", bold: bool = True) -> HTML:
+    """``items`` as an escaped bullet list (in bold), or the plain sentence ``empty`` when there is none."""
+    items = list(items)
+    return HTML(safe.bullets(items, bold=bold) if items else safe.text(empty))
+
+
+def table(df: pd.DataFrame, *, index: bool = False) -> HTML:
+    """A DataFrame shown as an escaped HTML table (:func:`safe.table`); ``index``: show its row labels."""
+    return HTML(safe.table(df, index=index))
+
+
+def show_html(html: str) -> HTML:
+    """``html`` shown as HTML: only what :mod:`weknora_nb.reports.safe` or :mod:`.tables` built (escaped)."""
+    return HTML(html)
+
+
+def failure_note(run: Run, stages: Iterable[str] | None = None) -> HTML | None:
+    """The sentence ``Every request of stage X failed (kinds: ...)`` for each such stage (of ``stages``,
+    default all), escaped; None when there is none."""
+    lines = failure_lines(run.scores, None if stages is None else list(stages))
+    if not lines:
+        return None
+    return HTML(f'<div class="weknora-failed">{safe.bullets(lines, bold=True)}</div>')
+
+
+def unless_failed(run: Run, make: Callable[[], Any], *, stage: str | None = None) -> Any:
+    """``make()`` (a figure, a table), or, when it would have nothing to show, the sentence that says why.
+
+    Nothing to show: no request of ``stage`` succeeded (with ``stage`` None: no request of any
+    stage). The sentence is :func:`failure_note` of that stage (of every stage).
+    """
+    scored = run.scores.stages
+    if (stage in scored) if stage is not None else bool(scored):
+        return make()
+    note = failure_note(run, None if stage is None else [stage])
+    what = f"stage {stage}" if stage is not None else "any stage"
+    return note if note is not None else HTML(safe.text(f"No request of {what} was scored: nothing to show."))
 
 
 def manifest_table(run: Run) -> HTML:
@@ -98,6 +146,22 @@ def manifest_table(run: Run) -> HTML:
     df = pd.DataFrame([(k, json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v)
                        for k, v in flat.items()], columns=["key", "value"])
     return HTML(html_table(df))
+
+
+def stratify(run: Run, stage: str, *, rules: str | Path | None = None, resamples: int = 2000) -> pd.DataFrame:
+    """Every metric by group at ``stage`` (:func:`weknora_nb.analysis.stratify.stratify`) with a ``label``
+    column (``group (n=12)``); shows how many groups there are, or the failure when no request of
+    ``stage`` succeeded (the frame is then empty, with the same columns)."""
+    from weknora_nb.analysis.stratify import stratify as by_group
+
+    columns = ["dimension", "group", "metric", "n", "mean", "ci_low", "ci_high", "warning", "label"]
+    if stage not in run.scores.stages:
+        display(unless_failed(run, lambda: None, stage=stage))
+        return pd.DataFrame(columns=columns)
+    out = by_group(run.scores, run.testset, stage=stage, rules=rules, resamples=resamples)
+    out["label"] = out["group"] + " (n=" + out["n"].astype(str) + ")"
+    display(Pretty(f"{out['group'].nunique()} groups over {out['dimension'].nunique()} dimensions at stage {stage}"))
+    return out
 
 
 def request_counts(run: Run) -> pd.DataFrame:
@@ -115,15 +179,12 @@ def stage_latencies(run: Run) -> dict[str, np.ndarray]:
     return {str(s): g["latency_ms"].to_numpy(dtype=float) for s, g in ok.groupby("stage", sort=False)}
 
 
-def warnings_md(run: Run) -> Markdown:
+def warnings_note(run: Run) -> HTML:
     """The run's warnings (incomplete, too few valid queries, adjusted thresholds), or that there is none."""
-    ws = run.scores.warnings
-    if not ws:
-        return Markdown("No warnings: the run is complete and the test set is large enough.")
-    return Markdown("\n".join(f"- **{w}**" for w in ws))
+    return bullets(run.scores.warnings, empty="No warnings: the run is complete and the test set is large enough.")
 
 
-def settings_note(run: Run) -> Markdown | None:
+def settings_note(run: Run) -> HTML | None:
     """One line when the run's final and citations stages, shown side by side, ran different settings:
     knowledge-search the tenant retrieval config, the chat the server's conversation settings
     (``docs/weknora-contract.md`` C66), so a difference between them is not one variable. From the
@@ -139,14 +200,14 @@ def settings_note(run: Run) -> Markdown | None:
     a, b = ((defs.get(s) or {}).get("settings_source") for s in (final, citations))
     if not a or not b or a == b:
         return None
-    return Markdown(f"*Note: {citations} ran different settings from {final} (the {b}, not the {a}): "
-                    f"a difference between the two is not one variable.*")
+    return HTML("<p><i>" + safe.esc(f"Note: {citations} ran different settings from {final} (the {b}, not the "
+                                    f"{a}): a difference between the two is not one variable.") + "</i></p>")
 
 
 def excluded_table(run: Run, limit: int = 50) -> HTML:
     """The excluded queries and requests with the reason, the first ``limit`` of them."""
     ex = run.scores.excluded
-    note = f"<p>{len(ex)} exclusion(s); the first {min(limit, len(ex))} are listed.</p>" if len(ex) > limit else ""
+    note = safe.text(f"{len(ex)} exclusion(s); the first {min(limit, len(ex))} are listed.") if len(ex) > limit else ""
     return HTML(note + html_table(ex.head(limit)))
 
 
@@ -165,5 +226,37 @@ def choose(render: Callable[..., Any], interactive: bool, **options: list) -> No
     keys = list(options)
     for combo in itertools.product(*(options[k] for k in keys)):
         choice = dict(zip(keys, combo, strict=True))
-        display(Markdown(" · ".join(f"**{k}**: {v}" for k, v in choice.items())))
+        display(HTML("<p>" + " · ".join(f"<b>{safe.esc(k)}</b>: {safe.esc(v)}" for k, v in choice.items()) + "</p>"))
         display(render(**choice))
+
+
+def label_coverage(run: Run, *, k: int = 10) -> HTML:
+    """judged@K per stage (docs/method.md section 10): the share of each stage's top K that carries a
+    label, 0 included. Unlabelled chunks count as irrelevant, so a low share means low figures may be
+    missing labels rather than missing relevance."""
+    from weknora_nb.analysis.coverage import coverage_table
+
+    t = coverage_table([run], k=k).T.rename(columns={run.name: f"judged@{k}"})
+    low = t[t[f"judged@{k}"] < 0.8].index.tolist()
+    note = (f"Stages with less than 80 % of their top {k} labelled: {', '.join(map(str, low))}. Pool and label "
+            "them (weknora-nb testset pool) before trusting a comparison." if low else
+            f"At least 80 % of every stage's top {k} is labelled.")
+    return HTML(safe.table(t.round(3), index=True) + safe.text(note))
+
+
+def traffic_weighted(run: Run, stage: str, *, resamples: int = 2000) -> HTML | None:
+    """Beside each plain mean, the traffic-weighted mean (each query weighted by how often it is asked,
+    the test set's ``weight``; docs/method.md section 10) with its interval; None without weights."""
+    from weknora_nb.analysis.evidence import weighted_figures
+
+    weights = run.testset.queries.set_index("query_id")["weight"]
+    if weights.isna().all():
+        return None
+    pq = run.scores.per_query_mean()
+    pq = pq[pq["stage"] == stage]
+    have = pq["query_id"].isin(weights.dropna().index)
+    t = weighted_figures(pq[have], run.scores.metric_names, weights.dropna().astype(float), resamples=resamples)
+    note = (f"{int((~have).sum())} scored queries carry no weight and are left out of this table."
+            if (~have).any() else "")
+    return HTML(safe.text(f"Stage {stage}: plain and traffic-weighted means.") + safe.table(t.round(4))
+                + (safe.text(note) if note else ""))

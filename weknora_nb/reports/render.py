@@ -223,6 +223,12 @@ def _notebook_for(src: Path, params: dict[str, Any]) -> tuple[Any, dict[str, Any
     return nb, {k: v for k, v in params.items() if k in declared}
 
 
+def notebooks_for(run_dir: str | Path, notebooks: Iterable[str] = NOTEBOOKS) -> list[str]:
+    """The notebooks of ``notebooks`` a report of ``run_dir`` renders: those whose :data:`NEEDS` the
+    run folder meets (06_answers only for a run with answers)."""
+    return [n for n in notebooks if n not in NEEDS or (Path(run_dir) / NEEDS[n]).is_file()]
+
+
 def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,
                   no_input: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
                   parameters: dict[str, Any] | None = None) -> Report:
@@ -249,7 +255,7 @@ def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, 
     params = {"run_dir": str(run_dir), "baseline_dirs": [str(b) for b in bases], "interactive": False,
               **(parameters or {})}
     report = Report(name, folder, folder / "index.html")
-    for nb in [n for n in notebooks if n not in NEEDS or (run_dir / NEEDS[n]).is_file()]:
+    for nb in notebooks_for(run_dir, notebooks):
         dst = folder / f"{nb}.ipynb"
         page = folder / f"{nb}.html"
         source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
