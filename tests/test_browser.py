@@ -165,7 +165,9 @@ def notebook_page(browser, lab: Lab, notebook: str) -> Iterator:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(30_000)
     try:
-        page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
+        # a workspace of its own, reset: no tab of an earlier test is restored beside this notebook (Run All
+        # would otherwise go to whichever tab JupyterLab activates last)
+        page.goto(f"{lab.url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset&token={lab.token}")
         page.locator(".jp-Notebook .jp-Cell").first.wait_for()
         # the status bar says "No Kernel | Initializing", "Python 3 (ipykernel) | Connecting", then "... | Idle"
         page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"^(?!No Kernel).* \| Idle$")).wait_for()

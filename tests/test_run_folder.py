@@ -174,7 +174,7 @@ def test_a_relative_testset_path_of_an_older_run_is_found_from_the_current_folde
         load_run(folder)
     message = str(err.value)
     assert str(folder / MANIFEST) in message and "'testset.path'" in message and "data/t.jsonl" in message
-    assert "--testset" in message
+    assert "put the file back at that path" in message
 
 
 def test_the_run_folder_is_tried_before_the_current_folder(tmp_path, monkeypatch):
@@ -190,7 +190,7 @@ def test_an_absolute_testset_path_that_is_gone_says_to_pass_the_testset(tmp_path
     folder = make_run(tmp_path / "runs" / "r1", str(tmp_path / "gone.jsonl"))
     with pytest.raises(RunFolderError) as err:
         load_run(folder)
-    assert "'testset.path'" in str(err.value) and "gone.jsonl" in str(err.value) and "--testset" in str(err.value)
+    assert "'testset.path'" in str(err.value) and "gone.jsonl" in str(err.value) and "put the file back" in str(err.value)
     TS.to_jsonl(tmp_path / "elsewhere.jsonl")
     assert load_run(folder, testset=tmp_path / "elsewhere.jsonl").testset.hash == TS.hash
 

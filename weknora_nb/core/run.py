@@ -325,14 +325,14 @@ def _recorded_testset(run_dir: Path, manifest: dict[str, Any]) -> Path:
     mpath = run_dir / MANIFEST
     if not stored:
         raise RunFolderError(f"{mpath} records no test-set path (field 'testset.path'); "
-                             "pass the test set explicitly (testset= in Python, --testset on the command line)")
+                             "pass the test set explicitly (testset= in Python), or put the file back at that path")
     given = Path(stored)
     candidates = [given] if given.is_absolute() else [run_dir / given, given]
     found = next((c for c in candidates if c.exists()), None)
     if found is None:
         where = "" if given.is_absolute() else " (looked for from the run folder and from the current folder)"
         raise RunFolderError(f"{mpath}, field 'testset.path': the test set {stored!r} does not exist{where}; "
-                             "pass the test set explicitly (testset= in Python, --testset on the command line)")
+                             "pass the test set explicitly (testset= in Python), or put the file back at that path")
     return found
 
 
