@@ -95,12 +95,17 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _number(text: str) -> float:
+    """``text`` as a float; NaN when it is not a number (the argparse types below refuse NaN)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def _positive_seconds(text: str) -> float:
     """An argparse ``type`` accepting a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0. Got {text!r} instead.")
     return value
@@ -185,10 +190,7 @@ def _effect(text: str) -> str:
 
 def _finite_number(text: str) -> float:
     """An argparse ``type`` accepting a finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number. Got {text!r} instead.")
     return value
@@ -751,10 +753,7 @@ def _add_testset(sub: Subparsers) -> None:
 
 def _non_negative(text: str) -> float:
     """An argparse ``type`` for a finite number >= 0 (a price, a temperature)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0. Got {text!r} instead.")
     return value

@@ -11,7 +11,6 @@ the order of first citation.
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.collect.judge_prompts import NONE_TEXT
-from weknora_nb.core.errors import InputError, NotComparableError, Problem, RunFolderError, UsageError, reading
+from weknora_nb.core.answers import read_answers
+from weknora_nb.core.errors import NotComparableError, RunFolderError, UsageError, reading
 from weknora_nb.core.run import ANSWERS, CHUNKS, read_manifest
 
 __all__ = ["AnswerItem", "load_answers", "render_answer"]
@@ -98,47 +98,9 @@ def _testset_path(p: Path, manifest: dict[str, Any]) -> str:
 
 
 def _answer_lines(path: Path, queries: dict[str, Any]) -> list[dict[str, Any]]:
-    """The lines of ``answers.jsonl``, each checked (every problem at once: :class:`InputError`)."""
-    with reading(path):
-        text = path.read_text(encoding="utf-8")
-    problems: list[Problem] = []
-    out: list[dict[str, Any]] = []
-    seen: set[tuple[Any, ...]] = set()
-    for n, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except ValueError as exc:
-            problems.append(Problem(str(path), n, None, f"not JSON ({exc})"))
-            continue
-        bad = _answer_problem(rec, queries)
-        if bad:
-            problems.append(Problem(str(path), n, bad[0], bad[1]))
-            continue
-        key = (rec["query_id"], rec["stage"], rec["repeat"])
-        if key in seen:
-            problems.append(Problem(str(path), n, None, f"a second answer for {key}"))
-        seen.add(key)
-        out.append(rec)
-    if problems:
-        raise InputError(path, problems)
-    return out
-
-
-def _answer_problem(rec: Any, queries: dict[str, Any]) -> tuple[str | None, str] | None:
-    if not isinstance(rec, dict):
-        return None, "not a JSON object"
-    for name, kind in (("query_id", str), ("stage", str), ("answer", str), ("citations", list)):
-        if not isinstance(rec.get(name), kind):
-            return name, f"missing or not a {kind.__name__}"
-    if isinstance(rec.get("repeat"), bool) or not isinstance(rec.get("repeat"), int):
-        return "repeat", "missing or not an integer"
-    if not all(isinstance(c, str) for c in rec["citations"]):
-        return "citations", "not a list of chunk ids"
-    if rec["query_id"] not in queries:
-        return "query_id", f"{rec['query_id']!r} is not a query of the run's test set"
-    return None
+    """The lines of ``answers.jsonl`` (:func:`weknora_nb.core.answers.read_answers`: every problem at
+    once, an answer to a query the test set does not hold among them)."""
+    return read_answers(path, query_ids=queries).to_dict("records")
 
 
 def _chunk_texts(path: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ results row records the failure.
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,12 @@ __all__ = ["read_answers", "ANSWER_COLUMNS", "JUDGEMENTS", "JUDGE_MANIFEST", "re
 ANSWER_COLUMNS = ("query_id", "stage", "repeat", "answer", "citations")
 
 
-def read_answers(path: str | Path) -> pd.DataFrame:
+def read_answers(path: str | Path, *, query_ids: Container[str] | None = None) -> pd.DataFrame:
     """The answers as a table (columns :data:`ANSWER_COLUMNS`; ``citations`` a list of str).
 
-    Raises :class:`InputError` naming the file, line and field of every bad line, and for a
-    repeated (query_id, stage, repeat).
+    Raises :class:`InputError` naming the file, line and field of every bad line, of a repeated
+    (query_id, stage, repeat), and (with ``query_ids``, the run's test set) of an answer to a
+    query the test set does not hold.
     """
     import pandas as pd
 
@@ -46,6 +48,10 @@ def read_answers(path: str | Path) -> pd.DataFrame:
             continue
         rec = _parse(line, str(p), lineno, problems)
         if rec is None:
+            continue
+        if query_ids is not None and rec["query_id"] not in query_ids:
+            problems.append(Problem(str(p), lineno, "query_id",
+                                    f"{rec['query_id']!r} is not a query of the run's test set"))
             continue
         key = (rec["query_id"], rec["stage"], rec["repeat"])
         if key in seen:
