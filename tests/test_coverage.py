@@ -94,4 +94,4 @@ def test_traffic_weighted_means_beside_the_plain_ones():
     run = Run(Path("w"), {"run_name": "w"}, res, ts, score(ts, res, ["hit@5"]))
     html = traffic_weighted(run, "final", resamples=200).data
     assert "0.5" in html and "0.9" in html  # plain 0.5; weighted (9 * 1 + 1 * 0) / 10
-    assert traffic_weighted(BASE, "final") is None  # no weights: nothing to show
+    assert "no traffic weight" in traffic_weighted(BASE, "final").data  # no weights: a sentence says so

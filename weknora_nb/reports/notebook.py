@@ -244,14 +244,15 @@ def label_coverage(run: Run, *, k: int = 10) -> HTML:
     return HTML(safe.table(t.round(3), index=True) + safe.text(note))
 
 
-def traffic_weighted(run: Run, stage: str, *, resamples: int = 2000) -> HTML | None:
+def traffic_weighted(run: Run, stage: str, *, resamples: int = 2000) -> HTML:
     """Beside each plain mean, the traffic-weighted mean (each query weighted by how often it is asked,
-    the test set's ``weight``; docs/method.md section 10) with its interval; None without weights."""
+    the test set's ``weight``; docs/method.md section 10) with its interval; a sentence without weights."""
     from weknora_nb.analysis.evidence import weighted_figures
 
     weights = run.testset.queries.set_index("query_id")["weight"]
     if weights.isna().all():
-        return None
+        return HTML(safe.text("The test set carries no traffic weight (weknora-nb testset sample writes one per "
+                              "query): every mean above is a plain mean over queries."))
     pq = run.scores.per_query_mean()
     pq = pq[pq["stage"] == stage]
     have = pq["query_id"].isin(weights.dropna().index)
