@@ -39,11 +39,16 @@ QUERIES = ["忘记管理员密码怎么办", "账号锁定多久", "密码最短
            "管理 API 限流多少", "熔断多久恢复", "rate-limiting 插件怎么配", "DG-1009 是什么", "DG-3007 熔断"]
 
 
-@pytest.fixture(scope="module")
-def testset():
+def mini_testset() -> TestSet:
+    """:data:`QUERIES` on the mini knowledge base, plus one invalid query (no relevant chunk)."""
     return TestSet.from_records([{"query_id": f"m{i:02d}", "query": q, "relevant": {"guide.01-passwords:000": 1}}
                                  for i, q in enumerate(QUERIES)] +
                                 [{"query_id": "m99", "query": "健身补贴", "relevant": {}}])
+
+
+@pytest.fixture(scope="module")
+def testset():
+    return mini_testset()
 
 
 @pytest.fixture(scope="module")

@@ -32,23 +32,15 @@ from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect.lock import LOCK_FILE, RunLock, read_holder
 from weknora_nb.collect.redact import RedactingFilter, redact_command, redact_text, redact_url
 from weknora_nb.core.errors import RunExistsError, RunLockedError
-from weknora_nb.core.testset import TestSet
 from weknora_nb.sandbox import SandboxServer
 
-MINI = Path(__file__).parent / "fixtures" / "mini_kb"
+from .test_collect import MINI, mini_testset
+
 KEY = "sk-hardening-test-8c41d0e2b7"
-QUERIES = ["忘记管理员密码怎么办", "账号锁定多久", "密码最短几位", "VPN 连接失败 ZL-201", "ZeroLink 在哪里下载",
-           "管理 API 限流多少", "熔断多久恢复", "rate-limiting 插件怎么配", "DG-1009 是什么", "DG-3007 熔断"]
 STAGES = "vector,keyword,hybrid,final"
 N_REQUESTS = 11 * 4 * 3  # queries x stages x repeats
 NOWHERE = "http://127.0.0.1:9"  # never contacted: the checks below fail before a request is made
 SECRET = "s3cret"
-
-
-def the_testset() -> TestSet:
-    return TestSet.from_records([{"query_id": f"m{i:02d}", "query": q, "relevant": {"guide.01-passwords:000": 1}}
-                                 for i, q in enumerate(QUERIES)] +
-                                [{"query_id": "m99", "query": "健身补贴", "relevant": {}}])
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def sandbox(tmp_path_factory):
         # here), so a collection slowed down by latency_ms runs as long as the test means it to
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("WEKNORA_API_KEY", KEY)
-            collect(ClientSettings(s.base_url), s.kb_id, the_testset(), tmp_path_factory.mktemp("warm-up") / "run",
+            collect(ClientSettings(s.base_url), s.kb_id, mini_testset(), tmp_path_factory.mktemp("warm-up") / "run",
                     stages=STAGES, repeats=1, warmup=0, progress=False, inventory=False)
         yield s
 
@@ -80,7 +72,7 @@ def key_in_env(monkeypatch, request):
 @pytest.fixture
 def ts_path(tmp_path):
     path = tmp_path / "t.jsonl"
-    the_testset().to_jsonl(path)
+    mini_testset().to_jsonl(path)
     return path
 
 
