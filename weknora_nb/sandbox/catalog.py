@@ -75,7 +75,9 @@ class Catalog:
             if c.knowledge_id not in self.kb_of:
                 self.kb_of[c.knowledge_id] = kb.id
                 kb.knowledge_ids.append(c.knowledge_id)
-            self.chunks_of.setdefault(c.knowledge_id, []).append(i)
+            chunks = self.chunks_of.setdefault(c.knowledge_id, [])
+            if i not in engine.deleted:  # a soft-deleted chunk is neither listed nor found by id (C89)
+                chunks.append(i)
         self._order = {kid: n for n, kid in enumerate(self.kb_of)}
 
     # -- lookups -------------------------------------------------------------------------
@@ -84,7 +86,10 @@ class Catalog:
         return self.index.chunks[i].chunk_type
 
     def kb_of_chunk(self, i: int) -> str | None:
-        """The id of the knowledge base chunk ``i`` belongs to (None: a KB this version does not serve)."""
+        """The id of the knowledge base chunk ``i`` belongs to (None: a KB this version does not serve, or a
+        soft-deleted chunk)."""
+        if i in self.engine.deleted:
+            return None
         return self.kb_of.get(self.index.chunks[i].knowledge_id)
 
     def kb_types(self, kb_ids: list[str]) -> tuple[str, ...]:

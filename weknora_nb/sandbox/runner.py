@@ -5,8 +5,9 @@
     with SandboxServer(version="rerank", weknora_version="v0.6.2") as sb:
         sb.base_url, sb.kb_id, sb.api_key
 
-The index (chunks, BM25, embeddings, HNSW) is built once per process and shared by
-every server started from it; passage embeddings are cached on disk.
+The index (chunks, BM25, embeddings) is built once per process and shared by every server
+started from it; passage embeddings are cached on disk; each version's vectors live in a
+database of the sandbox's Postgres (:mod:`.pgstore`), built once and kept between processes.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ from weknora_nb.core.errors import SandboxError, UsageError
 from weknora_nb.sandbox.auth import ApiKey
 from weknora_nb.sandbox.chunking import corpus_chunks
 from weknora_nb.sandbox.emulation import WeKnoraRelease, release
-from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, VersionConfig, default_cache_dir, load_versions
+from weknora_nb.sandbox.engine import (
+    DEFAULT_KB_IDS,
+    RetrievalEngine,
+    SandboxIndex,
+    VersionConfig,
+    default_cache_dir,
+    load_versions,
+)
 from weknora_nb.sandbox.faults import FaultConfig
 from weknora_nb.sandbox.history import demo_plan
+from weknora_nb.sandbox.pgcluster import cluster
 from weknora_nb.sandbox.server import SandboxApp, check_loopback
 
 if TYPE_CHECKING:
@@ -40,9 +49,11 @@ __all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DE
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KB_ID = "kb-demo"
+DEFAULT_KB_ID = DEFAULT_KB_IDS["document"]
+#: the read-only Postgres role :meth:`SandboxServer.reader_dsn` hands out
+READER_ROLE = "weknora_nb_reader"
 #: the FAQ knowledge base's id, in versions that serve one
-DEFAULT_FAQ_KB_ID = "kb-faq"
+DEFAULT_FAQ_KB_ID = DEFAULT_KB_IDS["faq"]
 
 
 def demo_dir() -> Path:
@@ -210,7 +221,10 @@ class SandboxServer:
         try:
             index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
             index.warm(self.version)
-            engine = RetrievalEngine(index, self.version, release=self.release)
+            engine = RetrievalEngine(index, self.version, release=self.release,
+                                     kb_ids={"document": self.kb_id, "faq": self.faq_kb_id})
+            if self.version.vector_enabled or self.version.faq_enabled:
+                engine.vectors.build()  # the Postgres index is built (or found) before the first request
             data, kb_id, faq_kb_id = Path(self.data_dir or demo_dir()), self.kb_id, self.faq_kb_id
             self.sandbox = SandboxApp(engine, api_key=self.api_key, kb_id=self.kb_id, faq_kb_id=self.faq_kb_id,
                                       faults=self.faults, allow_fault_control=self.allow_fault_control,
@@ -275,6 +289,20 @@ class SandboxServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def reader_dsn(self, password: str, role: str = READER_ROLE) -> str:
+        """A connection string to this version's Postgres database for ``role``, which can only read it (made or
+        given ``password`` now). The password is in the string: hand it over, never write it down."""
+        if self.sandbox is None:
+            raise SandboxError("the sandbox server is not started")
+        store = self.sandbox.engine.vectors
+        cluster().ensure_reader(store.dbname, role, password)
+        return store.dsn(user=role, password=password)
+
+    @property
+    def embeddings_url(self) -> str:
+        """The base URL of the sandbox's OpenAI-compatible embeddings endpoint (``POST {url}/embeddings``)."""
+        return f"{self.base_url}/v1"
 
     def describe(self) -> dict[str, Any]:
         """The system description of the served version (for a run's manifest)."""

@@ -14,6 +14,8 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
   over the server's sessions and the generated history of ``history``, made on first use)
 - ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
   (:mod:`.judge`; not a WeKnora route)
+- ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
+  WeKnora route), for the vector-store trace of ``weknora-nb check``
 - ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults`` and ``GET /_sandbox/stats`` only when fault
   control is allowed (tests, benchmarks).
 
@@ -52,6 +54,7 @@ from weknora_nb.sandbox import auth
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
 from weknora_nb.sandbox.catalog import Catalog
 from weknora_nb.sandbox.chat import Conversations, Session
+from weknora_nb.sandbox.embeddings_api import EmbeddingsEndpoint
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.emulation import release as named_release
 from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, Hit, NegativeMatchCount, RetrievalEngine
@@ -212,6 +215,7 @@ class SandboxApp:
         self.answers = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
         self.judge = RuleJudge(self.keys)
+        self.embeddings = EmbeddingsEndpoint(self.keys, engine)
         self.started = time.time()
         self.router = Router(self.routes(allow_fault_control))
         methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -227,7 +231,8 @@ class SandboxApp:
         kb = "/api/v1/knowledge-bases"
         routes = [Route("GET", "/health", self.health),
                   Route("POST", "/v1/chat/completions", self.judge.chat_completions),  # the rule-based judge
-                  Route("GET", "/v1/models", self.judge.models)]
+                  Route("GET", "/v1/models", self.judge.models),
+                  Route("POST", "/v1/embeddings", self.embeddings.embeddings)]  # the version's embedding model
         routes += [Route(m, kb + "/:id/hybrid-search", self.hybrid_search, auth.RETRIEVE)
                    for m in self.release.hybrid_search_methods]
         routes += [

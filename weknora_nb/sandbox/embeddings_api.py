@@ -1,0 +1,80 @@
+"""``POST /v1/embeddings``: the sandbox's embedding model behind OpenAI's embeddings format (not a WeKnora
+route; what WeKnora itself calls, C95), so that ``weknora-nb check --embeddings-url`` can embed the test set's
+queries with the model the knowledge base was indexed with.
+
+Request ``{"model", "input": str | [str], "encoding_format": "float"}`` with a sandbox API key as bearer
+token; the model must be the served version's (``use-multilingual-v3`` by default). The answer is
+``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}``, the
+vectors in input order, each what the engine searches with for that text (the query side of the model).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from weknora_nb.sandbox.judge import estimate_tokens
+
+if TYPE_CHECKING:
+    from weknora_nb.sandbox.auth import KeyRing
+    from weknora_nb.sandbox.engine import RetrievalEngine
+
+__all__ = ["EmbeddingsEndpoint", "MAX_INPUTS"]
+
+#: inputs per request (OpenAI's limit is 2048)
+MAX_INPUTS = 2048
+
+
+def _error(status: int, message: str, code: str | None = None) -> Response:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                   "code": code}}, status_code=status)
+
+
+class EmbeddingsEndpoint:
+    """The endpoint over one engine's embedding model; keys are the sandbox's."""
+
+    def __init__(self, keys: KeyRing, engine: RetrievalEngine):
+        self.keys = keys
+        self.engine = engine
+
+    @property
+    def model(self) -> str:
+        return self.engine.version.embedding_model
+
+    async def embeddings(self, request: Request) -> Response:
+        """Embed the inputs (module docstring); 401 without a sandbox key, 400 for a bad body, 404 another model."""
+        header = request.headers.get("authorization", "")
+        if not (header.startswith("Bearer ") and self.keys.lookup(header[7:].strip()) is not None):
+            return _error(401, "Incorrect API key provided", "invalid_api_key")
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
+        inputs = self._inputs(body.get("input"))
+        if inputs is None:
+            return _error(400, f"input must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty strings")
+        if body.get("model") != self.model:
+            return _error(404, f"The model {body.get('model')!r} does not exist; the sandbox embeds with "
+                          f"{self.model!r}", "model_not_found")
+        if body.get("encoding_format", "float") != "float":
+            return _error(400, "encoding_format must be 'float' (the sandbox does not send base64)")
+        embedder = self.engine.index.embedder(self.model)
+        data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in embedder.query(text)]}
+                for i, text in enumerate(inputs)]
+        tokens = sum(estimate_tokens(t) for t in inputs)
+        return JSONResponse({"object": "list", "data": data, "model": self.model,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    @staticmethod
+    def _inputs(value: Any) -> list[str] | None:
+        texts = [value] if isinstance(value, str) else value
+        if not isinstance(texts, list) or not 0 < len(texts) <= MAX_INPUTS:
+            return None
+        if not all(isinstance(t, str) and t for t in texts):
+            return None
+        return texts

