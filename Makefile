@@ -4,6 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# pytest on every core: the tests that share a module's fixtures run on one worker, the longest first
+# (tests/conftest.py); benchmarks/bench_suite.py runs pytest with these options too
+PYTEST_OPTS := -n auto --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo test test-fast lint lab bench clean wheel-demo
 
@@ -25,11 +28,11 @@ demo: $(VENV)/.runtime
 	$(BIN)/weknora-nb demo
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_OPTS)
 
 # everything but the slow end-to-end tests (notebooks rendered, the wheel's demo)
 test-fast: $(VENV)/.testtools
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -m "not slow"
 
 lint: $(VENV)/.testtools
 	$(BIN)/ruff check weknora_nb

@@ -52,14 +52,14 @@ def frame(stages: dict[str, list], *, scores: dict | None = None, model: dict | 
 
 
 def run(labels: dict, stages: dict[str, list] | pd.DataFrame, *, cfg=None, server=None, definitions=None,
-        inventory=INV, only: list[str] | None = None, ndcg_below: float = 0.5, **kw):
+        inventory=INV, only: list[str] | None = None, ndcg_below: float = 0.5, trace=None, **kw):
     """Diagnose one query ``q`` (plus any other queries a given table holds) at K = 3."""
     df = stages if isinstance(stages, pd.DataFrame) else frame(stages, **kw)
     recs = [{"query_id": q, "query": "问题", "relevant": labels} for q in df["query_id"].astype(str).unique()]
     ts = TestSet.from_records(recs)
     sc = score(ts, df, ["recall@3", "recall@10", "ndcg@10"])
     return diagnose(sc, ts, df, inventory=inventory, retrieval_config=cfg, server=server, k=K, ndcg_below=ndcg_below,
-                    stages=only if only is not None else ["final"], stage_definitions=definitions)
+                    stages=only if only is not None else ["final"], stage_definitions=definitions, vector_trace=trace)
 
 
 def causes(d, stage: str = "final", query: str = "q") -> set:
@@ -399,8 +399,35 @@ def test_a_new_cause_is_one_registered_function():
         del dg._REGISTRY["test: lost grade 3"]
 
 
+def _trace(*rows) -> pd.DataFrame:
+    """Chunk rows of a vector-store trace (collect.vectortrace's columns) for query ``q``."""
+    cols = ("query_id", "chunk_id", "grade", "k", "status", "exact_rank", "planned_rank", "exact_distance",
+            "has_vector", "status_index", "index_rank")
+    return pd.DataFrame([("q", *r) for r in rows], columns=cols)
+
+
+def test_a_vector_store_trace_splits_a_vector_miss_into_index_and_embedding_misses():
+    stages = {"vector": ["d:1"], "final": ["d:1", "d:2", "d:3"]}
+    labels = {"d:5": 3, "d:6": 3, "d:7": 2}
+    trace = _trace(("d:5", 3, 50, "index_miss", 4, None, 0.2, True, "index_miss", None),
+                   ("d:6", 3, 50, "embedding_miss", 70, None, 0.6, True, "embedding_miss", None),
+                   ("d:7", 2, 50, "embedding_miss", None, None, None, False, "embedding_miss", None),
+                   ("d:5", 3, 10, "index_miss", 4, None, 0.2, True, "index_miss", None))  # the largest K counts
+    d = run(labels, stages, trace=trace)
+    assert {"index miss", "embedding miss"} <= causes(d) and "vector miss" not in causes(d)
+    ev = evidence(d)
+    assert any(e.startswith("index miss: d:5") and "ranks it 4 of 50" in e for e in ev)
+    assert any(e.startswith("embedding miss: d:6") and "ranks it 70, beyond the top 50" in e for e in ev)
+    assert any(e.startswith("embedding miss: d:7") and "no vector in the store" in e for e in ev)
+    # without a trace (or for a chunk the trace finds), it stays a vector miss
+    assert "vector miss" in causes(run(labels, stages)) and "index miss" not in causes(run(labels, stages))
+    found = run({"d:5": 3}, stages, trace=_trace(("d:5", 3, 50, "hit", 2, 2, 0.1, True, "hit", 2)))
+    assert causes(found) >= {"vector miss"} and any("trace finds it at rank 2 of 50" in e for e in evidence(found))
+
+
 def test_causes_keep_their_report_order():
     from weknora_nb.analysis.diagnose import CAUSES
-    assert CAUSES == ("label/KB mismatch", "threshold filtered", "vector miss", "lost in fusion",
+    assert CAUSES == ("label/KB mismatch", "threshold filtered", "vector miss", "index miss", "embedding miss",
+                      "lost in fusion",
                       "below rerank threshold", "not selected by MMR", "rerank demoted", "rerank failed",
                       "dropped in merge", "pushed down by merge", "cut by top-k", "chunk split", "grade inversion")

@@ -184,6 +184,8 @@ def test_a_reader_role_reads_with_its_password_and_cannot_write(index):
                 conn.execute("DELETE FROM embeddings")
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(dsn.replace(password, "wrong"))
+    with pytest.raises(psycopg.OperationalError):  # the role is dropped with the server
+        psycopg.connect(dsn)
 
 
 def test_a_fault_naming_an_unknown_chunk_is_a_config_error(index, versions):
@@ -197,3 +199,18 @@ def _write(index, text: str) -> Path:
     path = Path(index.cache_dir) / "versions.yaml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def test_sandbox_serve_prints_a_dsn_that_works_with_the_password_from_the_environment(monkeypatch, capsys):
+    from weknora_nb.cli import PG_PASSWORD_ENV, _print_sandbox_database
+
+    password = "pw-" + secrets.token_hex(6)
+    monkeypatch.setenv(PG_PASSWORD_ENV, password)
+    with SandboxServer("baseline", data_dir=MINI, api_key=KEY) as sb:
+        _print_sandbox_database(sb)
+        out = capsys.readouterr().out
+        assert password not in out
+        dsn = out.split('WEKNORA_NB_PG_DSN="', 1)[1].split('"', 1)[0].replace(f"${PG_PASSWORD_ENV}", password)
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 8
+        assert f"--embeddings-url {sb.embeddings_url}" in out

@@ -47,6 +47,8 @@ from weknora_nb.core.errors import (
 )
 
 log = logging.getLogger("weknora_nb")
+#: ``sandbox serve``: the password of the read-only Postgres role it makes (never printed)
+PG_PASSWORD_ENV = "WEKNORA_NB_PG_PASSWORD"
 T = TypeVar("T")
 
 #: error class -> exit code, checked in order (the first class the error is an instance of wins)
@@ -266,22 +268,36 @@ def _cmd_score(args: argparse.Namespace) -> int:
     """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
     for a query of the test set): the figures would be empty, not zero. Failed or missing requests
     of a partial run are counted and listed in the output, and the exit stays 0."""
-    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, score
-    from weknora_nb.core.testset import load_testset
+    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
     from weknora_nb.reports.text import format_scores
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
-    ts = load_testset(args.testset)
-    sc = score(ts, args.results, metrics, stages=args.stage or None, domain_adjustment=args.domain_adjustment,
-               source=args.results)
+    if args.per_query_out:
+        per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
+    sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
+                     domain_adjustment=args.domain_adjustment)
+    if args.per_query_out:
+        sc.write_per_query(args.per_query_out)
     if args.json:
-        print(json.dumps(sc.to_json_dict(), ensure_ascii=False, indent=None if args.compact else 2))
+        _print_bytes(sc.to_json_bytes(per_query=not args.per_query_out, indent=not args.compact))
     else:
         print(format_scores(sc))
     if sc.counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
         print(f"error: nothing was scored: {sc.counts.incomplete_reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_bytes(data: bytes) -> None:
+    """Print UTF-8 text given as bytes (and a newline) on stdout, without decoding it when stdout takes bytes."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        print(data.decode("utf-8"))
+        return
+    sys.stdout.flush()
+    out.write(data)
+    out.write(b"\n")
+    out.flush()
 
 
 def _collect_stages(args: argparse.Namespace) -> list[Any] | None:
@@ -322,11 +338,70 @@ def _collect_from_args(args: argparse.Namespace) -> int:
         summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
                           concurrency=args.concurrency, warmup=args.warmup, system=system, resume=args.resume,
                           retry_failed=args.retry_failed, inventory=not args.no_inventory,
-                          progress=not args.quiet, keep_sessions=args.keep_sessions)
+                          progress=not args.quiet, keep_sessions=args.keep_sessions, integrity=not args.no_check)
     except (AuthFailed, NotFound) as exc:
         raise UsageError(str(exc)) from None
     print(summary.describe())
     return 0 if summary.complete else 1
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    """Check a knowledge base's integrity through the API (and with ``--dsn`` its Postgres tables): the report,
+    or ``--json`` the whole result; exit 1 when a problem is found. The DSN comes from ``--dsn`` or
+    ``$WEKNORA_NB_PG_DSN`` and is never shown (its password is masked in everything printed)."""
+    import os
+
+    from weknora_nb.collect.client import ClientSettings
+    from weknora_nb.collect.integrity import DSN_ENV, run_checks
+    from weknora_nb.collect.redact import install_log_redaction
+
+    install_log_redaction(handlers=logging.getLogger().handlers)
+    settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
+                              timeout_s=args.timeout)
+    dsn = args.dsn or os.environ.get(DSN_ENV) or None
+    embeddings = None
+    if args.embeddings_url or args.embeddings_model:
+        if not (args.embeddings_url and args.embeddings_model and dsn and args.testset):
+            raise UsageError("the vector-store trace needs --embeddings-url, --embeddings-model, --dsn (or "
+                             f"${DSN_ENV}) and --testset together")
+        from weknora_nb.collect.vectortrace import EmbeddingSettings
+
+        embeddings = EmbeddingSettings(args.embeddings_url, args.embeddings_model)
+    result = run_checks(settings, args.kb_id, testset=args.testset, dsn=dsn, embeddings=embeddings)
+    if args.out:
+        for path in result.write(args.out):
+            log.info("wrote %s", path)
+    if args.json:
+        print(json.dumps(result.to_json(), ensure_ascii=False, indent=2))
+    else:
+        print(result.describe(first=args.first))
+    return 1 if result.problems else 0
+
+
+def _add_check(sub: Subparsers) -> None:
+    c = sub.add_parser("check", help="check a knowledge base's integrity before measuring it (exit 1: problems)",
+                       description="Through the API: labelled chunks that are missing, disabled or of a knowledge "
+                       "whose parse failed (with --testset), knowledge without chunks or not parsed, chunks with "
+                       "identical content, listings that fell short; with --dsn (a read-only Postgres role) the "
+                       "vectors too. Exit 0 when clean, 1 when a problem is found, 2 on unusable input.")
+    c.add_argument("--base-url", required=True, type=_base_url, help="WeKnora base URL, e.g. http://127.0.0.1:8080")
+    c.add_argument("--kb-id", required=True, action="append", help="knowledge base id (repeatable)")
+    c.add_argument("--testset", default=None, help="test set whose labels are checked against the knowledge base")
+    c.add_argument("--dsn", default=None, help="read-only Postgres DSN of WeKnora's database (default: "
+                                                "$WEKNORA_NB_PG_DSN); never printed or written")
+    c.add_argument("--embeddings-url", default=None, help="with --dsn and --testset: an OpenAI-compatible "
+                   "embeddings endpoint serving the knowledge base's model (e.g. http://host/v1); the test set's "
+                   "queries are traced into the vector store (index miss / embedding miss, the index's recall)")
+    c.add_argument("--embeddings-model", default=None, help="the knowledge base's embedding model at that endpoint "
+                                                             "(key: $WEKNORA_NB_EMBEDDINGS_API_KEY)")
+    c.add_argument("--out", default=None, help="folder for check.json and the trace's files (vector_trace*.parquet, "
+                                                "vector_trace.json): give the run folder and its reports show them")
+    c.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    c.add_argument("--first", type=_int_at_least(1), default=5, help="subjects shown per check (default 5)")
+    c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
+    c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
+    c.add_argument("--timeout", type=_positive_seconds, default=30.0, help="read timeout per request, seconds")
+    c.set_defaults(func=_cmd_check)
 
 
 def _interrupted_message(args: argparse.Namespace) -> str:
@@ -386,8 +461,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for baseline in args.baseline or []:
         _check_run_folder("--baseline", baseline)
     parameters = {"stage": args.stage, "domain_adjustment": args.domain_adjustment}
-    report = render_report(args.run, args.baseline or [], out_root=args.out, no_input=args.no_input,
-                           parameters=parameters)
+    try:
+        report = render_report(args.run, args.baseline or [], out_root=args.out, no_input=args.no_input,
+                               parameters=parameters, jobs=args.jobs)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the pages rendered so far are kept, the index page is not written; "
+                          "run the command again to render the report") from None
     print(report.index)
     return 0
 
@@ -421,12 +500,31 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
         print(f"sandbox version {server.version.name!r} (as WeKnora {server.release.name}) serving knowledge base "
               f"{server.kb_id!r} on {server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.",
               flush=True)
+        _print_sandbox_database(server)
         try:
             while not stop.wait(0.5):
                 pass
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _print_sandbox_database(server: Any) -> None:
+    """With ``$WEKNORA_NB_PG_PASSWORD`` set: a read-only role of the served version's Postgres database with that
+    password, and how to check the sandbox with it (the password itself is never printed)."""
+    import os
+
+    password = os.environ.get(PG_PASSWORD_ENV)
+    if not password:
+        print(f"(set {PG_PASSWORD_ENV} to get a read-only Postgres role for weknora-nb check --dsn)", flush=True)
+        return
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = {k: str(v) for k, v in conninfo_to_dict(server.reader_dsn(password)).items() if k != "password"}
+    print(f"Postgres (read-only): export WEKNORA_NB_PG_DSN=\"{make_conninfo('', **parts)} "
+          f"password=${PG_PASSWORD_ENV}\"; "
+          f"embeddings: --embeddings-url {server.embeddings_url} --embeddings-model "
+          f"{server.version.embedding_model}", flush=True)
 
 
 def _cmd_sandbox_build(args: argparse.Namespace) -> int:
@@ -442,8 +540,13 @@ def _cmd_sandbox_build(args: argparse.Namespace) -> int:
     docs = len({c.knowledge_id for c in index.chunks})
     print(f"{len(index.chunks)} chunks from {docs} documents; index built in {time.perf_counter() - t0:.1f} s")
     if args.write_seed:
-        folder = Path(args.data or demo_dir()) / "cache"
-        for f in index.write_seed(folder):  # each model's texts: index texts (vector), passages (reranker)
+        from weknora_nb.core.testset import load_testset
+
+        data = Path(args.data or demo_dir())
+        queries = [q for ts in (data / "testset.jsonl", data / "faq" / "testset.jsonl") if ts.exists()
+                   for q in load_testset(ts).queries["query"].tolist()]
+        # each model's texts: index texts (vector), passages (reranker), and the test sets' queries
+        for f in index.write_seed(data / "cache", queries):
             print(f"wrote {f}")
     return 0
 
@@ -473,6 +576,9 @@ def _add_score(sub: Subparsers) -> None:
                    help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     s.add_argument("--compact", action="store_true", help="with --json: no indentation")
+    s.add_argument("--per-query-out", metavar="PATH",
+                   help="write the per-query figures (each metric per query and stage, averaged over repeats) to "
+                        "PATH: .parquet, .csv or .jsonl (then --json leaves them out)")
     s.set_defaults(func=_cmd_score)
 
 
@@ -497,7 +603,10 @@ def _add_collect(sub: Subparsers) -> None:
     c.add_argument("--max-attempts", type=at_least_1, default=4, help="attempts per request (retries + 1)")
     c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
     c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
-    c.add_argument("--no-inventory", action="store_true", help="do not fetch the chunk listing")
+    c.add_argument("--no-inventory", action="store_true", help="do not fetch the chunk listing (nor check it)")
+    c.add_argument("--no-check", action="store_true",
+                   help="no integrity checks (by default the knowledge base is listed at the start and the end, "
+                        "checked, and a change during the run is recorded)")
     c.add_argument("--keep-sessions", action="store_true",
                    help="keep the chat sessions the run creates (default: deleted at the end)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -557,6 +666,8 @@ def _add_report(sub: Subparsers) -> None:
                    help="focus stage (default: final when the run has it, else the last stage of the pipeline)")
     r.add_argument("--domain-adjustment", type=_domain_adjustment, default=0.0,
                    help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
+    r.add_argument("--jobs", type=_int_at_least(1), default=None, metavar="N",
+                   help="notebooks executed at once (default: one per core; 1: one after another)")
     r.set_defaults(func=_cmd_report)
 
 
@@ -886,8 +997,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_score, _add_collect, _add_gate, _add_export, _add_report, _add_demo, _add_sandbox, _add_testset,
-                _add_judge):
+    for add in (_add_score, _add_collect, _add_check, _add_gate, _add_export, _add_report, _add_demo, _add_sandbox,
+                _add_testset, _add_judge):
         add(sub)
     return p
 

@@ -3,7 +3,9 @@
 Builds the sandbox index, serves each system version of the demo folder's ``versions.yaml``
 (shipped inside the package, see :func:`weknora_nb.sandbox.demo_dir`) on loopback in turn,
 collects the demo test set at every stage with 3 repeats, judges the answers of
-:data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, renders all reports (baseline
+:data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, checks each version's knowledge
+base (the API, its Postgres tables as a read-only role, the test set traced into the vector
+store: ``check.json`` and ``vector_trace*`` in the run folder), renders all reports (baseline
 alone, then each other version compared with the baseline), stops the sandbox and returns
 the path of ``<out>/reports/index.html``.
 
@@ -25,12 +27,14 @@ from typing import Any
 
 from weknora_nb.collect.client import API_KEY_ENV, ClientSettings
 from weknora_nb.collect.collector import RunSummary, collect
+from weknora_nb.collect.integrity import run_checks
 from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
 from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
+from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
 from weknora_nb.core.errors import RunExistsError, UsageError
 from weknora_nb.core.testset import load_testset
-from weknora_nb.reports.render import Report, render_report, write_overview
-from weknora_nb.sandbox import SandboxServer, build_index, demo_dir, load_demo_versions
+from weknora_nb.reports.render import Report, ReportRequest, render_reports, write_overview
+from weknora_nb.sandbox import SandboxServer, VersionConfig, build_index, demo_dir, load_demo_versions
 
 __all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES", "FAQ_STAGES", "JUDGED_VERSIONS"]
 
@@ -85,7 +89,32 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
             summary = collect(settings, kb, testset, run_dir, **kwargs)
         if judge:
             _judge(sb, run_dir, progress=bool(kwargs.get("progress")))
+        _check(sb, kb, testset, run_dir)
         return summary
+
+
+def _stages_for(version: VersionConfig, stages: str) -> str:
+    """The stages a version is measured at: an FAQ version's (:data:`FAQ_STAGES`), a version with seeded integrity
+    faults only the retrieval stages of ``stages`` (its point is what the check finds and what it costs retrieval),
+    the others ``stages``."""
+    if version.faq_enabled:
+        return FAQ_STAGES
+    if any(version.integrity_faults().values()):
+        return ",".join(s for s in stages.split(",") if s != "citations")
+    return stages
+
+
+def _check(sb: SandboxServer, kb: str, testset: Path, run_dir: Path) -> None:
+    """``weknora-nb check`` of the served version into the run folder (``check.json``, the vector-store trace):
+    the API checks, the Postgres checks as a read-only role, and the test set's queries traced into the store
+    with the sandbox's embeddings endpoint. The role's password lives only in this process."""
+    os.environ.setdefault(EMBEDDINGS_API_KEY_ENV, os.environ[API_KEY_ENV])  # the endpoint takes a sandbox key
+    dsn = sb.reader_dsn(secrets.token_hex(16))
+    model = sb.version.embedding_model
+    result = run_checks(ClientSettings(sb.base_url), [kb], testset=testset, dsn=dsn,
+                        embeddings=EmbeddingSettings(sb.embeddings_url, model))
+    result.write(run_dir)
+    log.info("checked %s: %d problem(s) in %d finding(s)", run_dir.name, len(result.problems), len(result.findings))
 
 
 def _judge(sb: SandboxServer, run_dir: Path, *, progress: bool) -> None:
@@ -97,15 +126,16 @@ def _judge(sb: SandboxServer, run_dir: Path, *, progress: bool) -> None:
              outcome.failed, outcome.calls_made, outcome.cache_hits)
 
 
-def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool) -> tuple[Path, list[Report]]:
+def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
+                jobs: int | None = None) -> tuple[Path, list[Report]]:
     """Render the first version alone and every other one against it, except those of ``alone``
-    (measured on another test set: nothing to compare); write the overview page."""
+    (measured on another test set: nothing to compare), all reports' notebooks ``jobs`` at a time
+    (default one per core); write the overview page."""
     runs, reports_dir = out / "runs", out / "reports"
     base = runs / names[0]
-    reports = [render_report(base, out_root=reports_dir, no_input=no_input)]
-    for v in names[1:]:
-        baselines = [] if v in alone else [base]
-        reports.append(render_report(runs / v, baselines, out_root=reports_dir, no_input=no_input))
+    requests = [ReportRequest(runs / v, [] if v in alone or v == names[0] else [base], reports_dir, no_input)
+                for v in names]
+    reports = render_reports(requests, jobs=jobs)
     return write_overview(reports, reports_dir / "index.html"), reports
 
 
@@ -146,7 +176,7 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     for v in names:
         summary = _collect_version(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
                                    judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
-                                   stages=FAQ_STAGES if v in faq else stages, repeats=repeats,
+                                   stages=_stages_for(all_versions[v], stages), repeats=repeats,
                                    concurrency=concurrency, progress=progress)
         log.info(summary.describe())
     seconds["collect"] = time.perf_counter() - t0

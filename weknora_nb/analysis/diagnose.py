@@ -23,7 +23,13 @@ threshold filtered     a path collected with thresholds off found the chunk with
                        *effective* vector threshold (a tenant config's 0 is the default
                        0.15, C30), a hybrid-search stage's own; a keyword threshold only
                        when the server's keyword engine is not Postgres (C19)
-vector miss            the chunk is not among the vector path's candidates at all
+vector miss            the chunk is not among the vector path's candidates at all (and no
+                       trace of the vector store says why)
+index miss             (with a vector-store trace) the vector path missed the chunk, exact
+                       nearest-neighbour search in the store finds it within the path's
+                       TopK, WeKnora's search does not: ef_search or m too low
+embedding miss         (with a vector-store trace) not within the TopK even of exact search
+                       (the embedding does not put it near the query), or no vector at all
 lost in fusion         the vector or keyword path has the chunk, the hybrid list (both
                        paths fused by RRF and cut at match_count, C21) does not
 below rerank threshold a reranker ran: the chunk's model score is below the effective
@@ -297,6 +303,8 @@ class DegradedQuery:
     kb: KnowledgeBase
     settings: StageSettings = field(default_factory=lambda: StageSettings(REQUEST))
     rerank_scores: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    #: the vector-store trace of this query (collect.vectortrace): chunk id -> its row at the largest K
+    trace: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def vector_threshold(self) -> float:
@@ -574,15 +582,71 @@ def _threshold_filtered(lost: LostChunk) -> list[str]:
     return out
 
 
-@cause("vector miss")
-def _vector_miss(lost: LostChunk) -> list[str]:
-    """The vector path's candidates do not hold the chunk at all."""
+def _missed_by_vector(lost: LostChunk) -> tuple[str, dict[str, Any] | None] | None:
+    """(evidence prefix, the chunk's trace row or None) when the vector path's candidates lack the chunk."""
     vec, kw = lost.query.path("vector"), lost.query.path("keyword")
     if vec is None or lost.in_vector:
-        return []
+        return None
     keyword = "" if kw is None else ("; the keyword path found it" if lost.in_keyword
                                      else "; nor is it in the keyword path's")
-    return [f"{lost.chunk_id} (grade {lost.grade}) is not among the vector path's {len(vec)} candidates{keyword}"]
+    text = f"{lost.chunk_id} (grade {lost.grade}) is not among the vector path's {len(vec)} candidates{keyword}"
+    return text, lost.query.trace.get(lost.chunk_id)
+
+
+@cause("vector miss")
+def _vector_miss(lost: LostChunk) -> list[str]:
+    """The vector path's candidates do not hold the chunk at all (and no trace of the vector store says why)."""
+    missed = _missed_by_vector(lost)
+    if missed is None:
+        return []
+    text, trace = missed
+    if trace is None:
+        return [text]
+    if trace["status"] == "hit":  # the store's own search finds it: the run's vector path asked otherwise
+        return [f"{text}; yet the vector-store trace finds it at rank {_n(trace['planned_rank'])} of {_n(trace['k'])}"]
+    return []
+
+
+def _traced(lost: LostChunk, status: str) -> tuple[str, dict[str, Any]] | None:
+    """(evidence prefix, trace row) when the vector path lacks the chunk and the trace gives it ``status``."""
+    missed = _missed_by_vector(lost)
+    if missed is None or missed[1] is None or missed[1]["status"] != status:
+        return None
+    return missed[0], missed[1]
+
+
+@cause("index miss")
+def _index_miss(lost: LostChunk) -> list[str]:
+    """Exact search in the vector store finds the chunk within the path's TopK, WeKnora's search does not."""
+    traced = _traced(lost, "index_miss")
+    if traced is None:
+        return []
+    text, t = traced
+    return [f"{text}; exact search in the vector store ranks it {_n(t['exact_rank'])} of {_n(t['k'])}, WeKnora's "
+            "search does not return it (ef_search or m too low)"]
+
+
+@cause("embedding miss")
+def _embedding_miss(lost: LostChunk) -> list[str]:
+    """Not within the TopK even of exact search in the vector store, or no vector at all."""
+    traced = _traced(lost, "embedding_miss")
+    if traced is None:
+        return []
+    text, t = traced
+    if not t.get("has_vector", True):
+        return [f"{text}; it has no vector in the store (see the integrity check)"]
+    where = f"ranks it {_n(t['exact_rank'])}" if _present(t.get("exact_rank")) else "does not rank it"
+    return [f"{text}; exact search in the vector store {where}, beyond the top {_n(t['k'])}: the embedding does not "
+            "put it near the query"]
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def _n(value: Any) -> str:
+    """A rank or K as an integer (a trace column with a missing rank holds floats)."""
+    return str(int(value)) if _present(value) else "?"
 
 
 @cause("lost in fusion")
@@ -956,7 +1020,8 @@ def _relevant(testset: TestSet) -> dict[str, dict[str, int]]:
 def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, inventory: pd.DataFrame | None = None,
              retrieval_config: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None,
              k: int = 10, recall_below: float = 0.3, ndcg_below: float = 0.5, stages: list[str] | None = None,
-             stage_definitions: Mapping[str, Mapping[str, Any]] | None = None) -> Diagnosis:
+             stage_definitions: Mapping[str, Mapping[str, Any]] | None = None,
+             vector_trace: pd.DataFrame | None = None) -> Diagnosis:
     """Find degraded queries and give each one or more causes with evidence (see the module docstring).
 
     ``inventory``: the chunk listing (``chunk_id``, ``knowledge_id``, ``chunk_index``,
@@ -965,7 +1030,10 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
     run's config as read: made effective, :func:`effective_config`); ``server``: the manifest's
     ``server`` (release, keyword engine); ``stage_definitions``: the manifest's ``stages`` object
     (:attr:`Run.stage_definitions`), from which a custom stage's pipeline role, upstream stages,
-    settings source and causes follow (without it, only the built-in stage names have a role).
+    settings source and causes follow (without it, only the built-in stage names have a role);
+    ``vector_trace``: the chunk rows of a vector-store trace (``vector_trace.parquet``,
+    :mod:`weknora_nb.collect.vectortrace`), which split a vector miss into an index miss and an
+    embedding miss.
     """
     bad = degraded_queries(scores, k=k, recall_below=recall_below, ndcg_below=ndcg_below, stages=stages)
     wanted = results[results["query_id"].astype("string").isin(bad["query_id"].unique())]
@@ -979,13 +1047,15 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
     settings = {s: stage_settings(s, d, config, server, reranked.get(s, 0)) for s, d in definitions.items()}
     rerank_scores = _rerank_scores(wanted, [s for s, st in settings.items() if st.knowledge_search])
     relevant = _relevant(testset)
+    traces = _traces(vector_trace)
     empty = pd.DataFrame(columns=["chunk_id", "rank", "score", "result", "holder"])
 
     def degraded(qid: str, stage: str) -> DegradedQuery:
         return DegradedQuery(query_id=qid, stage=stage, role=role_of(stage, definitions.get(stage)), k=k,
                              relevant=relevant.get(qid, {}), returned=lists.get((qid, stage), empty),
                              paths=_upstream_paths(qid, stage, definitions, lists), kb=kb,
-                             settings=settings[stage], rerank_scores=rerank_scores.get(qid, {}))
+                             settings=settings[stage], rerank_scores=rerank_scores.get(qid, {}),
+                             trace=traces.get(qid, {}))
     found = [_find_causes(degraded(qid, stage)) for qid, stage in bad[["query_id", "stage"]].itertuples(index=False)]
     bad = bad.assign(causes=[c for c, _ in found], evidence=[e for _, e in found])
     bad.insert(1, "query", bad["query_id"].map(testset.queries.set_index("query_id")["query"]))
@@ -995,7 +1065,20 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
 
 def diagnose_run(run: Run, **options: Any) -> Diagnosis:
     """:func:`diagnose` of a loaded run folder with everything its manifest records (chunk listing,
-    retrieval config, server, stage definitions); ``options``: k, recall_below, ndcg_below, stages."""
+    retrieval config, server, stage definitions) and its vector-store trace when the folder holds one
+    (``vector_trace.parquet``, written by ``weknora-nb check --out``); ``options``: k, recall_below,
+    ndcg_below, stages."""
     return diagnose(run.scores, run.testset, run.results, inventory=run.inventory(),
                     retrieval_config=run.manifest.get("retrieval_config"), server=run.manifest.get("server"),
-                    stage_definitions=run.stage_definitions, **options)
+                    stage_definitions=run.stage_definitions, vector_trace=run.vector_trace(), **options)
+
+
+def _traces(frame: pd.DataFrame | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """query id -> chunk id -> the trace row at the largest K (the vector path's TopK)."""
+    if frame is None or not len(frame):
+        return {}
+    top = frame[frame["k"] == frame["k"].max()]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in top.to_dict("records"):
+        out.setdefault(str(row["query_id"]), {})[str(row["chunk_id"])] = row
+    return out

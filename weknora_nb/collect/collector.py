@@ -8,7 +8,8 @@ A run folder (``outputs/runs/<name>/``) holds:
   (:mod:`weknora_nb.collect.checkpoint`);
 - ``results.parquet``  the results table (see :mod:`weknora_nb.core.results`), compiled from
   the checkpoint at the end;
-- ``chunks.parquet``   the knowledge bases' chunk inventory (:mod:`weknora_nb.collect.inventory`);
+- ``chunks.parquet``   the knowledge bases' chunk inventory (:mod:`weknora_nb.collect.inventory`), and
+  ``knowledge.parquet`` their knowledge list (every knowledge, those without chunks too);
 - ``answers.jsonl``    the answers and their inline citations of the stages on the chat endpoint;
 - ``.collect.lock``    while a collection runs: who runs it (:mod:`weknora_nb.collect.lock`).
 
@@ -25,13 +26,18 @@ every (query, stage, repeat) not yet done; probe each endpoint once (a refused k
 capability stops here; hybrid-search's method is settled, docs/weknora-contract.md C15); warm
 up (requests not recorded); run the requests, repeat by repeat, by a bounded pool of workers;
 write the chunk inventory; delete the chat sessions the run created (C58/C59); compile the
-results; write the final manifest. A crash, a kill -9 or Ctrl-C loses at most the requests in
-flight; running again with ``resume=True`` skips what is done and never writes a duplicate:
-the checkpoint keeps one final record per request (a retried failure is replaced by its new
-outcome). An auth failure in the middle (a key revoked) stops the collection: the manifest
-says ``stopped`` and the run can be resumed. So does a file that cannot be written (a read-only
-folder, a full disk: :class:`~weknora_nb.core.errors.StorageError`, ``stopped``) and Ctrl-C
-(``interrupted``): the checkpoint is flushed first and the lock is let go however the collection ends.
+results; write the final manifest. With ``integrity`` (the default; it needs the inventory) the inventory
+is also listed before the requests (its fingerprint, the retrieval config and the knowledge bases'
+configuration kept in the manifest: a resumed run keeps its first start), the end inventory is checked
+(:mod:`weknora_nb.collect.integrity`) and compared with the start: the manifest's ``integrity`` holds the
+findings, and a change during the run is a ``changed_during_run`` finding and a note.
+A crash, a kill -9 or Ctrl-C loses at most the requests in flight; running again with
+``resume=True`` skips what is done and never writes a duplicate: the checkpoint keeps one final
+record per request (a retried failure is replaced by its new outcome). An auth failure in the middle
+(a key revoked) stops the collection: the manifest says ``stopped`` and the run can be resumed. So
+does a file that cannot be written (a read-only folder, a full disk:
+:class:`~weknora_nb.core.errors.StorageError`, ``stopped``) and Ctrl-C (``interrupted``): the
+checkpoint is flushed first and the lock is let go however the collection ends.
 The test set's path is recorded absolute (report and gate find it from any folder); a resumed run
 must have the same test set content, wherever its file now is.
 
@@ -41,7 +47,10 @@ Manifest keys about the server: ``server`` (``GET /api/v1/system/info``, C56, or
 description merged over the server's) with ``system_sources``, ``stages.<name>.settings_source``
 and, for hybrid-search, ``stages.<name>.method``; ``sessions`` (created, deleted, kept) and
 ``notes`` (what a reader of the figures must know: stages dropped or added, final and
-citations running different settings, no inline citations, escaped content).
+citations running different settings, no inline citations, escaped content, a knowledge base
+that changed during the run); ``integrity`` (``checks``, ``findings``, ``facts``, ``fingerprint``
+{start, end}, ``content_changed``, ``retrieval_config_changed``, ``knowledge_base_config_changed``,
+``snapshots`` {start, end}; ``{"skipped": why}`` without the checks).
 
 File I/O never runs on the event loop while requests are in flight: the checkpoint is appended
 by a thread of its own, the other files are read and written in worker threads
@@ -72,7 +81,8 @@ import pandas as pd
 from weknora_nb._version import __version__
 from weknora_nb.collect.checkpoint import CheckpointWriter, Records, read_checkpoint
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient, server_address
-from weknora_nb.collect.inventory import take_inventory
+from weknora_nb.collect.integrity import integrity_entry, take_snapshot
+from weknora_nb.collect.inventory import take_inventory, write_inventory
 from weknora_nb.collect.lock import RunLock
 from weknora_nb.collect.preflight import ServerFacts, adapt_stages, read_server, system_description
 from weknora_nb.collect.retry import run_to_end
@@ -177,7 +187,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                         repeats: int = 3, concurrency: int = 8, warmup: int = 5, system: dict | None = None,
                         resume: bool = False, retry_failed: bool = False, inventory: bool = True,
                         progress: bool = True, run_name: str | None = None,
-                        keep_sessions: bool = False) -> RunSummary:
+                        keep_sessions: bool = False, integrity: bool = True) -> RunSummary:
     """Collect every (query, stage, repeat) into the run folder ``out``; see the module docstring.
 
     Parameters
@@ -196,6 +206,8 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     inventory : also fetch the knowledge bases' chunk list into ``chunks.parquet``.
     progress : show a progress bar; run_name : the manifest's name (default: the folder's name).
     keep_sessions : keep the chat sessions the run created (default: deleted at the end).
+    integrity : run the integrity checks through the API (needs ``inventory``): the inventory and the
+        configs snapshotted at the start and at the end, the end checked; into the manifest's ``integrity``.
 
     Raises :class:`~weknora_nb.core.errors.UsageError` for an argument out of range (or a keyword
     stage asked for on FAQ knowledge bases only, or an ``out`` that is a file),
@@ -209,7 +221,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     """
     t_start = time.perf_counter()
     args = _checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup, out)
-    options = _Options(system, resume, retry_failed, inventory, progress, run_name, keep_sessions)
+    options = _Options(system, resume, retry_failed, inventory, progress, run_name, keep_sessions, integrity)
     lock = RunLock(out)
     try:
         if Path(out).is_dir():
@@ -240,6 +252,7 @@ class _Options:
     progress: bool
     run_name: str | None
     keep_sessions: bool
+    integrity: bool = True
 
 
 class _Collected(NamedTuple):
@@ -266,14 +279,13 @@ async def _collect(args: _Arguments, ts: TestSet, testset_path: str | None, out:
         run = await asyncio.to_thread(_open_run, args, ts, testset_path, out, (options.system, facts, notes),
                                       options.resume, options.run_name)
         with _recording_a_stop(run):
+            start_chunks = await _start_snapshot(run, lanes[0], args, facts, options)
             await asyncio.to_thread(_write_json_atomic, run.manifest_path, run.manifest)
             try:
                 todo, n_skipped, request_seconds = await _collect_requests(lanes, args, run, options.retry_failed,
                                                                            options.progress)
                 if options.inventory:
-                    run.manifest["inventory"] = await take_inventory(
-                        lanes[0], args.kb_ids, run.run_dir / CHUNKS, server_version=facts.version,
-                        in_flight=min(LANE_SIZE, args.concurrency))
+                    await _end_inventory(run, lanes[0], args, facts, (options, ts, start_chunks))
             except AuthFailed as exc:
                 await _close_sessions(run, lanes, options.keep_sessions)
                 await asyncio.to_thread(_write_stopped_manifest, run, "stopped", f"{exc.kind}: {exc}")
@@ -281,6 +293,49 @@ async def _collect(args: _Arguments, ts: TestSet, testset_path: str | None, out:
             await _close_sessions(run, lanes, options.keep_sessions)
             _record_findings(run, args, lanes)
     return _Collected(args, run, todo, n_skipped, request_seconds)
+
+
+async def _start_snapshot(run: _Run, client: WeKnoraClient, args: _Arguments, facts: ServerFacts,
+                          options: _Options) -> pd.DataFrame | None:
+    """With the integrity checks: the knowledge base as it is before the requests, into the manifest's
+    ``integrity.snapshots.start`` (fingerprint, retrieval config, knowledge bases' configuration); the start
+    inventory, for the end to name what changed. A resumed run keeps its first start (None: not listed now)."""
+    if not (options.integrity and options.inventory):
+        why = "not asked for (--no-check)" if not options.integrity else "no inventory (--no-inventory)"
+        run.manifest["integrity"] = {"skipped": why}
+        return None
+    if ((run.manifest.get("integrity") or {}).get("snapshots") or {}).get("start"):
+        return None
+    read = facts.retrieval_config
+    raw = read["raw"] if read.get("raw") is not None else {"error": read.get("error")}
+    snap = await take_snapshot(client, args.kb_ids, server_version=facts.version,
+                               in_flight=min(LANE_SIZE, args.concurrency), retrieval_config=raw,
+                               knowledge_bases=facts.knowledge_bases)
+    start = {**snap.to_json(), **({"taken_at_resume": True} if run.manifest.get("resumed_at") else {})}
+    run.manifest["integrity"] = {"snapshots": {"start": start}}
+    return snap.inventory.chunks
+
+
+async def _end_inventory(run: _Run, client: WeKnoraClient, args: _Arguments, facts: ServerFacts,
+                         context: tuple[_Options, TestSet, pd.DataFrame | None]) -> None:
+    """The end inventory into ``chunks.parquet`` / ``knowledge.parquet``; with the integrity checks the end
+    snapshot too, checked against the test set's labels and compared with the start (``integrity``, notes)."""
+    options, ts, start_chunks = context
+    in_flight = min(LANE_SIZE, args.concurrency)
+    if not options.integrity:
+        run.manifest["inventory"] = await take_inventory(client, args.kb_ids, run.run_dir / CHUNKS,
+                                                         server_version=facts.version, in_flight=in_flight)
+        return
+    end = await take_snapshot(client, args.kb_ids, server_version=facts.version, in_flight=in_flight)
+    await asyncio.to_thread(write_inventory, end.inventory, run.run_dir / CHUNKS)
+    run.manifest["inventory"] = end.inventory.entry
+    start = ((run.manifest.get("integrity") or {}).get("snapshots") or {}).get("start") or {}
+    entry, notes = await asyncio.to_thread(integrity_entry, start, end, labels=ts.qrels, start_chunks=start_chunks)
+    run.manifest["integrity"] = entry
+    run.manifest.setdefault("notes", []).extend(notes)
+    problems = sum(f["severity"] == "problem" for f in entry["findings"])
+    if problems:
+        log.warning("integrity: %d problem(s) found in the knowledge base (manifest: integrity)", problems)
 
 
 @contextlib.contextmanager
@@ -389,10 +444,13 @@ def _open_run(args: _Arguments, testset: TestSet, testset_path: str | None, out:
 
 
 def _carry_over(previous: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """What a resumed run keeps from its earlier collections: the sessions counted and each hybrid-search
-    stage's method (a resumed run with nothing left to request sends none)."""
+    """What a resumed run keeps from its earlier collections: the sessions counted, each hybrid-search
+    stage's method (a resumed run with nothing left to request sends none) and the integrity start snapshot."""
     if previous.get("sessions"):
         manifest["sessions"] = previous["sessions"]
+    start = ((previous.get("integrity") or {}).get("snapshots") or {}).get("start")
+    if start:  # the knowledge base as it was when the run began, not when it was resumed
+        manifest["integrity"] = {"snapshots": {"start": start}}
     for name, stage in manifest["stages"].items():
         method = ((previous.get("stages") or {}).get(name) or {}).get("method")
         if method:

@@ -1,4 +1,6 @@
-"""The chunk inventory of a run (``chunks.parquet``): every chunk of every knowledge of the knowledge bases.
+"""The chunk inventory of a run (``chunks.parquet``): every chunk of every knowledge of the knowledge bases,
+and the knowledge list (``knowledge.parquet``): every knowledge, those without chunks too, with its parse
+status and how its chunk listing ended (the integrity checks, :mod:`weknora_nb.core.integrity_api`, need both).
 
 Knowledge lists are paged by 1000 (C50: more is a 400), chunk listings by 100 (C52: the
 server's cap), both until ``total``; chunk listings ask for every searchable chunk type
@@ -20,6 +22,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +31,78 @@ import pandas as pd
 from weknora_nb.collect.client import Listing, WeKnoraClient
 from weknora_nb.collect.preflight import server_release
 from weknora_nb.core.errors import RequestFailed, writing
+from weknora_nb.core.integrity_api import KNOWLEDGE_COLUMNS
 from weknora_nb.core.results import write_results
 
-__all__ = ["take_inventory", "content_escaping", "INVENTORY_COLUMNS"]
+__all__ = ["take_inventory", "list_inventory", "write_inventory", "Inventory", "content_escaping",
+           "INVENTORY_COLUMNS", "KNOWLEDGE_FILE"]
 
 log = logging.getLogger(__name__)
 
 INVENTORY_COLUMNS = ["chunk_id", "knowledge_base_id", "knowledge_id", "knowledge_title", "chunk_index", "chunk_type",
                      "is_enabled", "parse_status", "content"]
+#: the knowledge list, written beside ``chunks.parquet``: every knowledge, those without chunks too
+KNOWLEDGE_FILE = "knowledge.parquet"
 #: Go's html.EscapeString: & < > ' "
 _ENTITY = re.compile(r"&(?:lt|gt|amp|#39|#34);")
 _RAW = re.compile(r"[<>\"']|&(?!(?:lt|gt|amp|#39|#34);)")
 
 
+@dataclass
+class Inventory:
+    """What a listing of the knowledge bases found: ``chunks`` (:data:`INVENTORY_COLUMNS`), ``knowledge``
+    (:data:`~weknora_nb.core.integrity_api.KNOWLEDGE_COLUMNS`: every knowledge, those without chunks too, and
+    how its chunk listing ended), ``entry`` (the manifest's ``inventory`` entry, see :func:`take_inventory`)
+    and ``unavailable`` (knowledge base id -> why its knowledge list could not be read)."""
+
+    chunks: pd.DataFrame
+    knowledge: pd.DataFrame
+    entry: dict[str, Any]
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Every knowledge list and every chunk listing was read to its total."""
+        return not self.unavailable and bool((self.knowledge["listing"] == "ok").all())
+
+
 async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *, server_version: str | None,
                          in_flight: int = 8) -> dict[str, Any]:
-    """Write the chunk inventory to ``path``; the manifest's ``inventory`` entry.
+    """Write the chunk inventory to ``path`` (and the knowledge list beside it, :data:`KNOWLEDGE_FILE`);
+    the manifest's ``inventory`` entry.
 
     ``{"chunks", "knowledge", "chunk_types": {type: n}, "disabled", "content": <content_escaping>}``,
     plus ``incomplete`` (knowledge id -> "listed n of total") and ``failed`` (knowledge id -> why)
     when some listing fell short; ``{"unavailable": ...}`` when a knowledge list cannot be read.
     ``in_flight`` chunk listings are requested at a time.
     """
-    try:
-        knowledge = [(kb, k) for kb in kb_ids for k in (await client.list_knowledge(kb)).items]
-    except RequestFailed as exc:
-        return {"unavailable": f"{exc.kind}: {exc}"}
+    inventory = await list_inventory(client, kb_ids, server_version=server_version, in_flight=in_flight)
+    await asyncio.to_thread(write_inventory, inventory, path)
+    return inventory.entry
+
+
+def write_inventory(inventory: Inventory, path: Path) -> None:
+    """``chunks.parquet`` at ``path`` and ``knowledge.parquet`` beside it (atomic Parquet writes); nothing
+    when a knowledge list could not be read. Blocking."""
+    if inventory.unavailable:
+        return
+    for frame, where in ((inventory.chunks, path), (inventory.knowledge, path.with_name(KNOWLEDGE_FILE))):
+        with writing(where):
+            write_results(frame, where)  # any frame: an atomic Parquet write
+
+
+async def list_inventory(client: WeKnoraClient, kb_ids: list[str], *, server_version: str | None,
+                         in_flight: int = 8) -> Inventory:
+    """List every knowledge and chunk of the knowledge bases (nothing is written): see :class:`Inventory`."""
+    knowledge: list[tuple[str, dict[str, Any]]] = []
+    lists: dict[str, Listing] = {}
+    for kb in kb_ids:
+        try:
+            lists[kb] = await client.list_knowledge(kb)
+        except RequestFailed as exc:
+            why = f"{exc.kind}: {exc}"
+            return Inventory(_frame([]), pd.DataFrame(columns=KNOWLEDGE_COLUMNS), {"unavailable": why}, {kb: why})
+        knowledge += [(kb, k) for k in lists[kb].items]
     gate = asyncio.Semaphore(max(1, in_flight))
 
     async def chunks_of(k: dict[str, Any]) -> Listing | RequestFailed:
@@ -68,8 +117,12 @@ async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *
     escaping = content_escaping(frame["content"].tolist(), server_version)
     if escaping["escaped"]:
         frame["content"] = [html.unescape(c) if isinstance(c, str) else c for c in frame["content"]]
-    with writing(path):
-        await asyncio.to_thread(write_results, frame, path)  # any frame: an atomic Parquet write
+    return Inventory(frame, _knowledge_frame(knowledge, listings), _entry(frame, knowledge, listings, lists, escaping))
+
+
+def _entry(frame: pd.DataFrame, knowledge: list[tuple[str, dict[str, Any]]], listings: list[Listing | RequestFailed],
+           lists: dict[str, Listing], escaping: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``inventory`` entry (see :func:`take_inventory`)."""
     entry: dict[str, Any] = {
         "chunks": len(frame), "knowledge": len(knowledge),
         "chunk_types": dict(Counter(frame["chunk_type"].tolist())), "disabled": int((~frame["is_enabled"]).sum()),
@@ -78,12 +131,33 @@ async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *
                   zip(knowledge, listings, strict=True) if isinstance(got, Listing) and not got.complete}
     failed = {str(k["id"]): f"{got.kind}: {got}" for (_, k), got in zip(knowledge, listings, strict=True)
               if isinstance(got, RequestFailed)}
+    short = {kb: f"listed {len(got.items)} of {got.total} knowledge" for kb, got in lists.items() if not got.complete}
     if incomplete:
         entry["incomplete"] = incomplete
     if failed:
         entry["failed"] = failed
         log.warning("inventory: the chunks of %d knowledge could not be listed", len(failed))
+    if short:
+        entry["knowledge_lists_incomplete"] = short
     return entry
+
+
+def _knowledge_frame(knowledge: list[tuple[str, dict[str, Any]]],
+                     listings: list[Listing | RequestFailed]) -> pd.DataFrame:
+    """One row per knowledge of :data:`KNOWLEDGE_COLUMNS`: its fields (C51) and how its chunk listing ended."""
+    rows = []
+    for (kb, k), got in zip(knowledge, listings, strict=True):
+        listed = len(got.items) if isinstance(got, Listing) else None
+        listing = "failed" if not isinstance(got, Listing) else "ok" if got.complete else "incomplete"
+        rows.append({"knowledge_id": str(k.get("id")), "knowledge_base_id": kb, "knowledge_title": k.get("title"),
+                     "parse_status": k.get("parse_status"), "enable_status": k.get("enable_status"),
+                     "error_message": (k.get("error_message") or None) if isinstance(got, Listing)
+                     else f"{got.kind}: {got}", "listing": listing, "listed": listed,
+                     "total": got.total if isinstance(got, Listing) else None})
+    frame = pd.DataFrame(rows, columns=KNOWLEDGE_COLUMNS)
+    for col in ("listed", "total"):
+        frame[col] = pd.array(frame[col], dtype="Int64")
+    return frame
 
 
 def _frame(listed: Iterable[tuple[str, dict[str, Any], Listing]]) -> pd.DataFrame:

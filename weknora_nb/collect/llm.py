@@ -33,14 +33,13 @@ import os
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
 from weknora_nb.collect.client import server_address, split_base_url
-from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url
+from weknora_nb.collect.redact import check_http_url, install_log_redaction, redact_text, settings_repr
 from weknora_nb.collect.retry import retry_after, with_retries
 from weknora_nb.core.errors import (
     AuthFailed,
@@ -104,20 +103,10 @@ class LLMSettings:
     max_connections: int = 16
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{f.name}={redact_url(v) if f.name == 'base_url' else v!r}" for f in fields(self)
-                          for v in [getattr(self, f.name)])
-        return f"LLMSettings({shown})"
+        return settings_repr(self)
 
     def __post_init__(self) -> None:
-        try:
-            parts = urlsplit(self.base_url) if isinstance(self.base_url, str) else None
-            ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and \
-                parts.port != -1
-        except ValueError:
-            ok = False
-        if not ok:
-            raise UsageError(argument="--base-url", allowed="an http:// or https:// URL with a host, e.g. "
-                             "http://127.0.0.1:8080/v1", got=redact_url(str(self.base_url)))
+        check_http_url(self.base_url, argument="--base-url")
         if not isinstance(self.model, str) or not self.model.strip():
             raise UsageError(argument="--model", allowed="a model name the server serves", got=self.model)
         if not _positive(self.timeout_s):

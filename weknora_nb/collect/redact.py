@@ -5,7 +5,8 @@ A base URL may carry a secret: ``http://user:PASSWORD@host/`` (HTTP basic auth) 
 with ``***`` (a user name alone, often a token, too) and the value of every query or fragment
 parameter whose name looks secret (:data:`SECRET_PARAMETER`: token, key, api_key, apikey,
 password, secret, signature, sig, access_token, auth, ...). :func:`redact_text` does it to
-every URL in a text, and :class:`RedactingFilter` to every log record of the loggers
+every URL (and a Postgres connection string's ``password=``; :func:`redact_dsn` for a DSN of either
+form) in a text, and :class:`RedactingFilter` to every log record of the loggers
 :func:`install_log_redaction` fits it on: httpx's own ``HTTP Request: ...`` line, httpcore's,
 and ours.
 
@@ -17,10 +18,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 __all__ = ["MASK", "SECRET_PARAMETER", "REDACTED_LOGGERS", "redact_url", "redact_text", "redact_command",
-           "RedactingFilter", "install_log_redaction"]
+           "settings_repr", "check_http_url",
+           "redact_dsn", "RedactingFilter", "install_log_redaction"]
 
 MASK = "***"
 #: a query parameter name that looks secret (matched case-insensitively, ``-`` read as ``_``)
@@ -37,6 +41,9 @@ _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 _USERINFO_IN_TEXT = re.compile(r"(?<![^\s'\"(=,;])([^\s:/@'\"]+):(?!\*\*\*@)[^\s/@'\"]+@(?=[\w\[])")
 #: a query parameter inside a text: after "?" or "&", a name, "=", a value up to a separator
 _PARAMETER_IN_TEXT = re.compile(r"([?&])([^=&\s#'\"<>]+)=([^&\s#'\"<>]*)")
+#: a secret of a libpq key=value connection string (``password=x``, ``password = 'a b'``, ``sslpassword=x``)
+_DSN_SECRET_IN_TEXT = re.compile(r"(?<![\w?&])((?:ssl)?password|passwd|pwd)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'\"&]+)",
+                                 re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
@@ -83,12 +90,47 @@ def _redact_parameters(query: str) -> str:
     return "&".join(pairs)
 
 
+def settings_repr(settings: Any) -> str:
+    """``Name(field=value, ...)`` of a settings dataclass with its ``base_url`` redacted (:func:`redact_url`)."""
+    shown = ", ".join(f"{f.name}={redact_url(v) if f.name == 'base_url' else v!r}" for f in fields(settings)
+                      for v in [getattr(settings, f.name)])
+    return f"{type(settings).__name__}({shown})"
+
+
+def check_http_url(url: Any, *, argument: str) -> None:
+    """A :class:`UsageError` naming ``argument`` unless ``url`` is an http:// or https:// URL with a host and a
+    valid port (the URL shown redacted)."""
+    from weknora_nb.core.errors import UsageError
+
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != -1
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(argument=argument, allowed="an http:// or https:// URL with a host, e.g. "
+                         "http://127.0.0.1:8080/v1", got=redact_url(str(url)))
+
+
 def redact_text(text: str) -> str:
-    """``text`` with every URL in it redacted (:func:`redact_url`), and every secret-looking parameter of
-    a query string without its URL (``/api?token=x``)."""
+    """``text`` with every URL in it redacted (:func:`redact_url`), every secret-looking parameter of a
+    query string without its URL (``/api?token=x``), and the password of a libpq key=value connection
+    string (``password=x`` -> ``password=***``)."""
     text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
     text = _USERINFO_IN_TEXT.sub(rf"\1:{MASK}@", text)
-    return _PARAMETER_IN_TEXT.sub(_masked_parameter, text)
+    text = _PARAMETER_IN_TEXT.sub(_masked_parameter, text)
+    return _DSN_SECRET_IN_TEXT.sub(rf"\1\2{MASK}", text)
+
+
+def redact_dsn(dsn: str) -> str:
+    """A Postgres connection string as it may be shown: its password masked, in either form libpq reads.
+
+    ``host=h dbname=kb user=bob password='s e'`` -> ``host=h dbname=kb user=bob password=***``;
+    ``postgresql://bob:s3cret@h:5432/kb?sslpassword=x`` -> ``postgresql://bob:***@h:5432/kb?sslpassword=***``.
+    """
+    if not isinstance(dsn, str):
+        return dsn
+    return redact_text(dsn) if "://" in dsn else _DSN_SECRET_IN_TEXT.sub(rf"\1\2{MASK}", dsn)
 
 
 def _masked_parameter(m: re.Match[str]) -> str:

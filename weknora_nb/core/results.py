@@ -30,7 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +58,8 @@ _FLOATS = ("score", "latency_ms", "base_score", "model_score")
 #: categorical on read: few distinct values, many rows
 _CATEGORIES = ("query_id", "stage", "chunk_id", "status", "knowledge_id")
 MAX_PROBLEMS = 200
+#: rows of a Parquet file read (and turned into codes) at a time for scoring
+_BATCH_ROWS = 1 << 20
 
 
 def read_results(path: str | Path, *, validate: bool = True) -> pd.DataFrame:
@@ -354,29 +356,48 @@ class ResultCodes:
         """From a pyarrow Table without going through pandas; None when a column's type
         needs the coercion (and its messages) of :func:`read_results`. ``constant`` gives
         columns left out of ``table`` that hold one value throughout."""
+        return cls.from_batches(table.schema, table.to_batches(), table.num_rows, constant)
+
+    @classmethod
+    def from_batches(cls, schema: pa.Schema, batches: Iterable[pa.RecordBatch], n: int,
+                     constant: dict | None = None) -> ResultCodes | None:
+        """:meth:`from_arrow` of a table given as ``n`` rows of record batches (of ``schema``), each turned
+        into codes as it arrives: no table of the whole file is held, and the memory one batch used is
+        the next one's."""
         const = constant or {}
-        n = table.num_rows
-        names = set(table.column_names) | set(const)
+        names = set(schema.names) | set(const)
         if any(c not in names for c in ("query_id", "stage", "repeat", "rank", "chunk_id")):
             return None
-        if len(set(table.column_names)) != len(table.column_names) or not _fast_types(table.schema):
+        if len(set(schema.names)) != len(schema.names) or not _fast_types(schema):
             return None
-        types = {c: table.schema.field(c).type for c in table.column_names}
+        texts = {c: _TextCodes(n) for c in ("query_id", "stage", "chunk_id", "status")
+                 if c in schema.names and c not in const}
+        ints = {c: _IntValues(n) for c in ("repeat", "rank") if c not in const}
+        lat = np.empty(n) if "latency_ms" in schema.names else None
+        at = 0
+        for batch in batches:
+            k = batch.num_rows
+            for name, text in texts.items():
+                text.add(batch.column(name), at)
+            for name, column in ints.items():
+                column.add(batch.column(name), at)
+            if lat is not None:
+                lat[at:at + k] = batch.column("latency_ms").cast(pa.float64()).to_numpy(zero_copy_only=False)
+            at += k
 
         def codes(name: str) -> tuple[np.ndarray, np.ndarray]:
             if name in const:
                 return _blank_as_missing(np.broadcast_to(np.int8(0), (n,)), np.array([const[name]], dtype=object))
-            if name not in types:  # no status column: every request succeeded
+            if name not in texts:  # no status column: every request succeeded
                 return np.broadcast_to(np.int8(0), (n,)), np.array(["ok"], dtype=object)
-            return _arrow_codes(table.column(name))
+            return texts[name].finish()
 
-        def ints(name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        def values(name: str) -> tuple[np.ndarray, np.ndarray | None]:
             if name in const:
                 return np.broadcast_to(np.int64(const[name]), (n,)), None
-            return _arrow_ints(table.column(name))
+            return ints[name].finish()
 
-        lat = table.column("latency_ms").cast(pa.float64()).to_numpy() if "latency_ms" in types else None
-        (rep, rep_na), (rank, rank_na) = ints("repeat"), ints("rank")
+        (rep, rep_na), (rank, rank_na) = values("repeat"), values("rank")
         return cls(*codes("query_id"), *codes("stage"), rep, rank, *codes("chunk_id"), *codes("status"),
                    rep_na, rank_na, lat)
 
@@ -392,7 +413,7 @@ class ResultCodes:
             _report(problems, path, np.flatnonzero(mask), field, message, first_row, got)
 
         def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (a reduction, no mask)
-            return bool(len(a)) and int(a.min()) < bound
+            return bool(len(a)) and extremes(a)[0] < bound
 
         if low(self.query, 0):
             report(self.query < 0, "query_id", "must not be empty")
@@ -406,7 +427,7 @@ class ResultCodes:
                    "must be an integer >= 1", self.repeat, self.repeat_na)
         ok_code = np.flatnonzero(self.statuses == "ok")
         ok_c = int(ok_code[0]) if len(ok_code) else -2
-        all_ok = not len(self) or int(self.status.min()) == int(self.status.max()) == ok_c
+        all_ok = not len(self) or extremes(self.status) == (ok_c, ok_c)
         all_chunks = not low(self.chunk, 0)
         if all_ok and all_chunks and self.rank_na is None:
             if low(self.rank, 1):
@@ -426,6 +447,13 @@ class ResultCodes:
         report(empty if given is None else empty & given, "chunk_id",
                "is empty but a rank is given (an empty result is one row with no rank and no chunk)")
         return problems
+
+
+def extremes(a: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array; of a broadcast view (one value throughout) without a pass."""
+    if a.ndim == 1 and a.strides[0] == 0:
+        return int(a[0]), int(a[0])
+    return int(a.min()), int(a.max())
 
 
 def _blank_as_missing(codes: np.ndarray, values: np.ndarray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -481,65 +509,97 @@ def _arrow_is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
 
 
-def _arrow_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes (-1 for null or blank) and distinct values of a string or dictionary column.
+class _TextCodes:
+    """Codes (-1 for null or blank) and distinct values of a string or dictionary column, fed a piece at a
+    time (:meth:`add`).
 
-    A Parquet file holds one dictionary per row group, usually the same one: then the
-    stored indices are the codes; otherwise the dictionaries are merged and each chunk's
-    indices are translated.
+    A Parquet file holds one dictionary per row group: each piece's indices into its dictionary are kept
+    as they are, and :meth:`finish` merges the dictionaries met (one hash pass over their values) and
+    translates each piece's indices through a lookup table, in place.
     """
-    if pa.types.is_null(col.type):
-        return np.full(len(col), -1, np.int32), np.zeros(0, dtype=object)
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
-    chunks = [ch for ch in col.chunks if len(ch)]
-    if not chunks:
-        return np.zeros(0, np.int32), np.zeros(0, dtype=object)
-    keys = [(ch.dictionary.buffers()[1].address, len(ch.dictionary)) for ch in chunks]  # which dictionary
-    distinct: dict[tuple[int, int], pa.Array] = {}
-    for key, ch in zip(keys, chunks, strict=True):
-        distinct.setdefault(key, ch.dictionary)
-    dicts = list(distinct.values())
-    if all(d.equals(dicts[0]) for d in dicts[1:]):
-        if len(dicts[0]) == 1 and not col.null_count:  # one value throughout (a stage, "ok"): no array needed
-            return _blank_as_missing(np.broadcast_to(np.int8(0), (len(col),)), dicts[0])
-        indices = pa.chunked_array([ch.indices for ch in chunks])
+
+    def __init__(self, n: int):
+        self.codes = np.empty(n, np.int32)
+        self._dicts: list[pa.Array] = []                 # the distinct dictionaries met, in order
+        self._ids: dict[tuple[int, int], int] = {}       # which dictionary -> its position in _dicts
+        self._seen: list[pa.Array] = []                  # every dictionary met, kept alive: no later one
+                                                         # takes its address (the key above)
+        self._pieces: list[tuple[int, int, int]] = []    # (first row, end row, dictionary) of each piece
+        self.nulls = False
+
+    def add(self, arr: pa.Array, at: int) -> None:
+        """The rows ``at`` .. ``at + len(arr)``."""
+        out = self.codes[at:at + len(arr)]
+        if pa.types.is_null(arr.type):
+            out[:] = -1
+            self.nulls = self.nulls or len(arr) > 0
+            return
+        if not pa.types.is_dictionary(arr.type):
+            arr = pc.dictionary_encode(arr)
+        indices = arr.indices
         if indices.null_count:
-            indices = pc.fill_null(indices, -1)
-        return _blank_as_missing(indices.to_numpy(), dicts[0])
-    merged = pc.dictionary_encode(pa.concat_arrays([d.cast(pa.string()) for d in dicts]))
-    all_codes = merged.indices.to_numpy()
-    luts, at = {}, 0
-    for key, d in distinct.items():
-        lut = np.empty(len(d) + 1, np.int32)  # the last slot serves null
-        lut[:-1], lut[-1] = all_codes[at:at + len(d)], -1
-        luts[key] = lut
-        at += len(d)
-    out = np.empty(len(col), np.int32)
-    at = 0
-    for key, ch in zip(keys, chunks, strict=True):
-        idx = ch.indices if not ch.indices.null_count else pc.fill_null(ch.indices, -1)
-        np.take(luts[key], idx.to_numpy(), out=out[at:at + len(ch)])
-        at += len(ch)
-    return _blank_as_missing(out, merged.dictionary)
+            self.nulls = True
+            indices = pc.fill_null(indices, -1)   # the last slot of every lookup table serves null
+        out[:] = indices.to_numpy()
+        self._pieces.append((at, at + len(arr), self._dictionary(arr.dictionary)))
+
+    def _dictionary(self, d: pa.Array) -> int:
+        key = (d.buffers()[1].address, len(d))   # the pieces of one row group share their dictionary
+        if key not in self._ids:
+            self._seen.append(d)
+            last = self._dicts[-1] if self._dicts else None
+            if last is None or last.type != d.type or not last.equals(d):   # not the last one's values again
+                self._dicts.append(d)
+            self._ids[key] = len(self._dicts) - 1
+        return self._ids[key]
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, values as an object array of str); one value throughout: a read-only broadcast view."""
+        if not self._dicts:   # no row, or nulls only
+            return np.full(len(self.codes), -1, np.int32), np.zeros(0, dtype=object)
+        if len(self._dicts) == 1:
+            values = self._dicts[0].cast(pa.string())
+        else:
+            merged = pc.dictionary_encode(pa.concat_arrays([d.cast(pa.string()) for d in self._dicts]))
+            values, all_codes = merged.dictionary, merged.indices.to_numpy().astype(np.int32)
+            starts = np.cumsum([0] + [len(d) for d in self._dicts])
+            luts = [np.append(all_codes[a:b], np.int32(-1)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+            for lo, hi, k in self._pieces:
+                piece = self.codes[lo:hi]
+                np.take(luts[k], piece, out=piece)   # mode "raise": buffered, so reading and writing one array
+        if len(values) == 1 and not self.nulls:   # one value throughout (a stage, "ok"): no array needed
+            return _blank_as_missing(np.broadcast_to(np.int8(0), (len(self.codes),)), values)
+        return _blank_as_missing(self.codes, values)
 
 
-def _arrow_ints(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Values (0 where null, int32 when they fit, a read-only view when constant) and the null mask."""
-    na = None
-    if col.null_count:
-        na = col.is_null().to_numpy()
-        col = pc.fill_null(col, 0)
-    lo_hi = pc.min_max(col).as_py()
-    lo, hi = (lo_hi["min"] or 0), (lo_hi["max"] or 0)
-    if lo == hi and len(col):
-        return np.broadcast_to(np.int64(lo), (len(col),)), na
-    out = np.empty(len(col), np.int32 if lo >= -(1 << 31) and hi < (1 << 31) else np.int64)
-    at = 0
-    for ch in col.chunks:  # chunk by chunk into one array: no intermediate copy of the column
-        out[at:at + len(ch)] = ch.to_numpy()
-        at += len(ch)
-    return out, na
+class _IntValues:
+    """An integer column fed a piece at a time: its values (0 where null; int32 when they fit, a read-only
+    view when constant) and its null mask."""
+
+    def __init__(self, n: int):
+        self.values = np.empty(n, np.int32)
+        self.na: np.ndarray | None = None
+        self.lo: int | None = None
+        self.hi: int | None = None
+
+    def add(self, arr: pa.Array, at: int) -> None:
+        if arr.null_count:
+            if self.na is None:
+                self.na = np.zeros(len(self.values), bool)
+            self.na[at:at + len(arr)] = arr.is_null().to_numpy(zero_copy_only=False)
+            arr = pc.fill_null(arr, 0)
+        lo_hi = pc.min_max(arr).as_py()
+        lo, hi = (lo_hi["min"] or 0), (lo_hi["max"] or 0)
+        self.lo = lo if self.lo is None else min(lo, self.lo)
+        self.hi = hi if self.hi is None else max(hi, self.hi)
+        if self.values.dtype == np.int32 and not (self.lo >= -(1 << 31) and self.hi < (1 << 31)):
+            self.values = self.values.astype(np.int64)
+        self.values[at:at + len(arr)] = arr.to_numpy(zero_copy_only=False)
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
+        if len(self.values) and self.lo == self.hi:
+            return np.broadcast_to(np.int64(self.lo or 0), (len(self.values),)), self.na
+        return self.values, self.na
 
 
 def _constant_column(meta: pq.FileMetaData, name: str) -> str | int | None:
@@ -602,8 +662,10 @@ def _parquet_codes(p: Path) -> ResultCodes | None:
                 for v in [_constant_column(meta, c)] if isinstance(v, kind)}
     wanted = [c for c in ("query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms")
               if c in names and c not in constant]
-    table = pq.read_table(p, columns=wanted, read_dictionary=[c for c in _CATEGORIES if c in wanted])
-    return ResultCodes.from_arrow(table, constant)
+    with pq.ParquetFile(p, read_dictionary=[c for c in _CATEGORIES if c in wanted]) as pf:
+        schema = pa.schema([pf.schema_arrow.field(c) for c in wanted])
+        batches = pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
+        return ResultCodes.from_batches(schema, batches, meta.num_rows, constant)
 
 
 def write_results(df: pd.DataFrame, path: str | Path) -> Path:

@@ -55,6 +55,12 @@ CHECKPOINT = "checkpoint.jsonl"
 RESULTS = "results.parquet"
 CHUNKS = "chunks.parquet"
 ANSWERS = "answers.jsonl"
+#: a vector-store trace of the run's test set (``weknora-nb check --out``, collect.vectortrace): chunk rows,
+#: query rows, summary
+VECTOR_TRACE, VECTOR_TRACE_QUERIES, VECTOR_TRACE_SUMMARY = ("vector_trace.parquet", "vector_trace_queries.parquet",
+                                                         "vector_trace.json")
+#: the integrity check's result (``weknora-nb check --out``)
+CHECK = "check.json"
 
 
 @dataclass
@@ -154,6 +160,15 @@ class Run:
     def inventory(self) -> pd.DataFrame | None:
         """The knowledge base's chunk listing recorded with the run, or None when it was not fetched."""
         p = self.path / CHUNKS
+        if not p.exists():
+            return None
+        with reading(p, InputError):
+            return pd.read_parquet(p)
+
+    def vector_trace(self) -> pd.DataFrame | None:
+        """The chunk rows of the vector-store trace written into the run folder (``weknora-nb check --out``), or
+        None when there is none."""
+        p = self.path / VECTOR_TRACE
         if not p.exists():
             return None
         with reading(p, InputError):
@@ -291,9 +306,15 @@ def _parse_json(text: str) -> Any:
         raise json.JSONDecodeError(f"not usable JSON ({type(exc).__name__}: {exc})", text[:0], 0) from exc
 
 
+#: set while reports render (in their kernels: :func:`weknora_nb.reports.render.kernel_reset`): a run loaded
+#: with its recorded test set is ``run_cache(path, metrics=..., domain_adjustment=...)``, computed once per
+#: rendering (:func:`weknora_nb.reports.notebook.cached_run`); None: every call loads and scores
+run_cache: Callable[..., Run] | None = None
+
+
 def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
              metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0,
-             other_version: bool = False) -> Run:
+             other_version: bool = False, cache: bool = True) -> Run:
     """Load a run folder and score it against its test set (from the manifest unless given).
 
     The test set's hash must match the one the run recorded, unless ``other_version`` (a
@@ -301,8 +322,10 @@ def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
     :attr:`Run.rescored_on` says so); ``domain_adjustment`` (0, or 0.05-0.10) lowers the
     acceptance thresholds of the tiers. A relative test-set path in the manifest is looked for
     from the run folder, then from the current folder (:class:`RunFolderError` when it is in
-    neither).
+    neither). ``cache``: False never takes the run from :data:`run_cache` (what the cache itself calls).
     """
+    if cache and run_cache is not None and testset is None and not other_version:
+        return run_cache(path, metrics=metrics, domain_adjustment=domain_adjustment)
     p = Path(path)
     manifest = read_manifest(p)
     ts = testset if isinstance(testset, TestSet) else load_testset(testset or _recorded_testset(p, manifest))

@@ -23,30 +23,43 @@ them):
 
 System figure = mean over scored requests of a (stage, repeat); the stage figure is
 the mean of its repeat figures, with their spread (std, min, max).
+
+Two cores: the test set's labels (:class:`_Relevance`) are prepared in a second thread
+while the results are read and grouped (Arrow and numpy work without the interpreter
+lock). :func:`score_files` also reads the results file while the test set loads, and
+hashes the test set while scoring.
+:meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
+strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from weknora_nb.core.errors import Problem, ResultsError, UsageError
+from weknora_nb.core.errors import Problem, ResultsError, UsageError, writing
+from weknora_nb.core.files import atomic_path
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
-from weknora_nb.core.results import ResultCodes, expand_sub_chunks, read_results_for_scoring
-from weknora_nb.core.testset import TestSet
+from weknora_nb.core.results import ResultCodes, expand_sub_chunks, extremes, read_results_for_scoring
+from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
 
-__all__ = ["Counts", "Scores", "score"]
+__all__ = ["Counts", "Scores", "score", "score_files"]
 
 
 log = logging.getLogger(__name__)
@@ -132,7 +145,8 @@ class Counts:
 
     def to_dict(self) -> dict:
         """Every field by name, in the order above (a deep copy: plain lists and dicts)."""
-        return asdict(self)
+        return {f.name: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                for f in fields(self) for v in [getattr(self, f.name)]}   # the values hold no deeper container
 
 
 @dataclass
@@ -202,12 +216,46 @@ class Scores:
         return wide.reindex(index=self.stages, columns=self.metric_names)
 
     def per_query_mean(self) -> pd.DataFrame:
-        """Per (query, stage): each metric averaged over the query's scored repeats."""
+        """Per (query, stage): each metric averaged over the query's scored repeats (``n_repeats``), in the
+        order the pairs first appear."""
         cols = self.metric_names
+        if self.per_query["repeat"].nunique() <= 1:   # one repeat: one row per (query, stage), its own mean
+            out = self.per_query[["query_id", "stage", *cols]].reset_index(drop=True)
+            out["n_repeats"] = np.ones(len(out), np.int64)
+            return out
         g = self.per_query.groupby(["query_id", "stage"], sort=False, observed=True)
         out = g[cols].mean()
         out["n_repeats"] = g.size()
         return out.reset_index()
+
+    def to_json_bytes(self, *, per_query: bool = True, indent: bool = True) -> bytes:
+        """:meth:`to_json_dict` as UTF-8 JSON text (orjson; ``indent``: two spaces, as ``json.dumps(indent=2)``).
+        The per-query rows, most of the text, are written as Arrow strings, never as Python dicts."""
+        import orjson
+
+        head = orjson.dumps(self.to_json_dict(per_query=False), option=orjson.OPT_INDENT_2 if indent else 0)
+        if not per_query:
+            return head
+        rows = _per_query_json(self.per_query_mean(), self.metric_names, indent=indent)
+        if indent:   # the head ends with "\n}"
+            return b"".join([memoryview(head)[:-2], b',\n  "per_query": ', *rows, b"\n}"])
+        return b"".join([memoryview(head)[:-1], b',"per_query":', *rows, b"}"])
+
+    def write_per_query(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`per_query_mean` to ``path`` (atomically), the format following the suffix
+        (:data:`PER_QUERY_FORMATS`): Parquet, CSV, or JSONL (the ``--json`` rows, one a line)."""
+        fmt = per_query_format(path)
+        table = self.per_query_mean()
+        p = Path(path)
+        with writing(p), atomic_path(p) as tmp:
+            if fmt == "parquet":
+                pq.write_table(pa.Table.from_pandas(table, preserve_index=False), tmp)
+            elif fmt == "csv":
+                table.to_csv(tmp, index=False, encoding="utf-8")
+            else:
+                with open(tmp, "wb") as fh:
+                    fh.writelines(_per_query_json(table, self.metric_names, indent=False, lines=True))
+        return p
 
     def to_json_dict(self, *, per_query: bool = True) -> dict:
         """The ``weknora-nb score --json`` object.
@@ -216,11 +264,11 @@ class Scores:
         (``{"final": {"ndcg@5": 0.71}}``), whatever the number of stages; ``spread`` is
         keyed ``"stage/metric"``.
         """
-        wide = self.summary_wide()
-        tiers = self.summary_wide("tier")
+        cells = {(r.stage, r.metric): r for r in self.summary.itertuples()}   # stages x metrics: a few dozen
+        stages, names = self.stages, self.metric_names
         out = {
-            "summary": {s: {m: _num(wide.loc[s, m]) for m in wide.columns} for s in wide.index},
-            "tiers": {s: {m: _str(tiers.loc[s, m]) for m in tiers.columns} for s in tiers.index},
+            "summary": {s: {m: _num(cells[s, m].mean) if (s, m) in cells else None for m in names} for s in stages},
+            "tiers": {s: {m: _str(cells[s, m].tier) if (s, m) in cells else None for m in names} for s in stages},
             "spread": {f"{r.stage}/{r.metric}": {"std": _num(r.std), "min": _num(r.min), "max": _num(r.max)}
                        for r in self.summary.itertuples()},
             "counts": self.counts.to_dict(),
@@ -229,19 +277,83 @@ class Scores:
             "warnings": self.warnings,
             "testset_hash": self.testset_hash,
             "domain_adjustment": self.domain_adjustment,
-            "excluded": [
-                {k: (None if pd.isna(v) else (int(v) if k == "repeat" else v)) for k, v in rec.items()}
-                for rec in self.excluded.to_dict("records")
-            ],
+            "excluded": _json_records(self.excluded, ints=("repeat",)),
         }
         if per_query:
-            pq = self.per_query_mean()
-            out["per_query"] = [
-                {"query_id": r["query_id"], "stage": r["stage"], "n_repeats": int(r["n_repeats"]),
-                 **{m: _num(r[m]) for m in self.metric_names}}
-                for r in pq.to_dict("records")
-            ]
+            out["per_query"] = _json_records(self.per_query_mean()[["query_id", "stage", "n_repeats", *names]],
+                                             ints=("n_repeats",))
         return out
+
+
+#: suffix -> format of :meth:`Scores.write_per_query`
+PER_QUERY_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def per_query_format(path: str | os.PathLike) -> str:
+    """The format :meth:`Scores.write_per_query` writes ``path`` in; UsageError for another suffix."""
+    fmt = PER_QUERY_FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise UsageError(argument="--per-query-out", allowed="a path ending in " + ", ".join(PER_QUERY_FORMATS),
+                         got=str(path))
+    return fmt
+
+
+def _per_query_json(table: pd.DataFrame, names: list[str], *, indent: bool,
+                    lines: bool = False) -> list[bytes | memoryview]:
+    """The rows of :meth:`Scores.per_query_mean` as the JSON array of ``--json`` (``indent``: laid out as
+    ``json.dumps(indent=2)`` lays out a list in the top object; ``lines``: one compact object a line
+    instead), built column by column with Arrow: numbers in their shortest round-trip form, a missing
+    value as null. The text comes in pieces, to be joined or written."""
+    import orjson
+
+    if not len(table):
+        return [] if lines else [b"[]"]
+    keys = ["query_id", "stage", "n_repeats", *names]
+    if indent:
+        opener, sep, closer, between = "\n    {\n      ", ",\n      ", "\n    }", ","
+    else:
+        opener, sep, closer, between = "{", ",", "}", "\n" if lines else ","
+    # ids without their quotes (the quotes go with the text around them), numbers as they are
+    values = [_json_inner(_text(table["query_id"])), _json_inner(_text(table["stage"])),
+              _json_numbers(table["n_repeats"].to_numpy(np.int64)),
+              *[_json_numbers(table[m].to_numpy(np.float64)) for m in names]]
+    parts: list[pa.Array | str] = []
+    for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+        before = opener if i == 0 else '"' + sep if i in (1, 2) else sep   # the ids' closing quotes, after them
+        parts += [before + orjson.dumps(key).decode() + (": " if indent else ":") + ('"' if i < 2 else ""), value]
+    parts.append(closer + between)
+    rows = pc.binary_join_element_wise(*[pa.scalar(x, pa.large_string()) if isinstance(x, str) else x
+                                         for x in parts], pa.scalar("", pa.large_string()))
+    body = _string_bytes(rows)[:-len(between)]
+    return [body, b"\n"] if lines else [b"[", body, b"\n  ]" if indent else b"]"]
+
+
+def _json_numbers(v: np.ndarray) -> pa.Array:
+    """Numbers as JSON text, as orjson writes them (a float in the shortest form that reads back the same
+    double, an integral one as ``1.0``; a NaN as null, as :func:`_num` gives, and an infinity too, which
+    JSON cannot write): one orjson call for the column, its text cut at the commas into an Arrow array."""
+    import orjson
+
+    raw = np.frombuffer(orjson.dumps(np.ascontiguousarray(v), option=orjson.OPT_SERIALIZE_NUMPY), np.uint8)[1:-1]
+    commas = np.flatnonzero(raw == 44)   # numbers hold no comma
+    offsets = np.empty(len(v) + 1, np.int64)
+    offsets[0], offsets[-1] = 0, len(raw) - len(commas)
+    offsets[1:-1] = commas - np.arange(len(commas))
+    data = np.delete(raw, commas)
+    return pa.LargeStringArray.from_buffers(len(v), pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def _json_records(table: pd.DataFrame, ints: tuple[str, ...] = ()) -> list[dict]:
+    """The rows of ``table`` as dicts of plain values: a missing value None, the ``ints`` columns as int."""
+    names, columns = list(table.columns), []
+    for name in names:
+        col = table[name]
+        na = col.isna().to_numpy(dtype=bool)
+        values = col.to_numpy(dtype=object).tolist()
+        if name in ints or na.any():
+            values = [None if n else (int(v) if name in ints else v) for v, n in zip(values, na, strict=True)]
+        columns.append(values)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def _num(x) -> float | None:
@@ -326,11 +438,12 @@ def _index_in(values, value_set) -> np.ndarray:
     return found.fill_null(-1).to_numpy().astype(np.int64)
 
 
-def _first_k_distinct(grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For each row of ``grid`` (values >= 0, padding < 0): the first ``k`` distinct values
     in row order (padded with -1) and the number of repeated values in the row.
 
-    A sorted copy of each row finds the rows holding a repeat; only those are argsorted
+    A sorted copy of each row finds the rows holding a repeat (as 16-bit values when ``below``
+    says every value is in 0 .. 65,535: half the bytes to sort); only those rows are argsorted
     to tell first occurrences from repeats, and compacted (lists are short, repeats rare).
     """
     n_rows, width = grid.shape
@@ -339,10 +452,12 @@ def _first_k_distinct(grid: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]
     if width < 2 or not n_rows:
         return top, n_dup
     # in blocks of rows: small temporaries are recycled instead of freshly mapped each time
+    small = np.uint16 if below is not None and below <= (1 << 16) else None
     block = max(1, (1 << 21) // width)
     suspect = np.concatenate([
-        np.unique(np.flatnonzero(np.diff(np.sort(grid[i:i + block], axis=1), axis=1) == 0) // (width - 1)) + i
-        for i in range(0, n_rows, block)])
+        np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) + i
+        for i in range(0, n_rows, block)
+        for srt in [np.sort(grid[i:i + block] if small is None else grid[i:i + block].astype(small), axis=1)]])
     if not len(suspect):
         return top, n_dup
     # within a suspect row, sorting value * width + position puts equal values together, earliest first
@@ -482,17 +597,16 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
         A stage asked for that the results do not hold, a bad ``sub_chunks`` or
         ``domain_adjustment``.
     """
-    mets = parse_metrics(metrics)
-    check_domain_adjustment(domain_adjustment)
-    if sub_chunks not in SUB_CHUNKS:
-        raise UsageError(argument="sub_chunks", allowed=list(SUB_CHUNKS), got=sub_chunks)
-    rc, n_expanded, source = _read(results, sub_chunks, source)
-    rc, row_number, stages = _keep_stages(rc, stages)
-    req = _group_requests(rc, row_number)
-    _check_structure(req, source)
-    sel = _select(req, testset)
-    lists = _distinct_lists(req, sel.scored, max(m.k for m in mets))
-    values = _metric_values(req, sel, lists.top, testset, mets)
+    mets = _check_options(metrics, domain_adjustment, sub_chunks)
+    with ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-labels") as pool:
+        labels = pool.submit(_Relevance.of, testset)   # the test set's side, beside the results' (Arrow, numpy)
+        rc, n_expanded, source = _read(results, sub_chunks, source)
+        rc, row_number, stages = _keep_stages(rc, stages)
+        req = _group_requests(rc, row_number)
+        _check_structure(req, source)
+        sel = _select(req, testset)
+        lists = _distinct_lists(req, sel.scored, max(m.k for m in mets))
+        values = _metric_values(req, sel, lists.top, testset, mets, labels.result())
     requests, values = _requests_table(req, sel, lists, values, testset.queries)
     names = [m.name for m in mets]
     per_query = _per_query_table(requests, values, names, has_latency=rc.latency_ms is not None)
@@ -506,6 +620,58 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
                   summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)
+
+
+def score_files(testset: str | os.PathLike, results: str | os.PathLike,
+                metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
+                domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
+    """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
+    same checks and errors in the same order, using a second core: the results file is read in a second
+    thread while the test set loads (reading it is Arrow work, which leaves the first thread free), and
+    the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring."""
+    _check_options(metrics, domain_adjustment, sub_chunks)
+    with _short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
+        rows = pool.submit(read_results_for_scoring, Path(results))
+        ts = load_testset(Path(testset))
+        digest = pool.submit(lambda: ts.hash)
+        sc = score(ts, rows.result(), metrics, stages=stages, domain_adjustment=domain_adjustment,
+                   sub_chunks=sub_chunks, source=str(results))
+        digest.result()
+    return sc
+
+
+_switches = {"users": 0, "before": 0.005}   # score_files calls inside, and the interval before the first
+_switches_lock = threading.Lock()
+
+
+@contextmanager
+def _short_switches(seconds: float = 0.0005) -> Iterator[None]:
+    """Threads take turns with the interpreter lock every ``seconds`` (or sooner) within the block, then as
+    before (the last of several blocks open at once restores it). The reading thread of :func:`score_files`
+    needs the lock for a moment between long stretches of Arrow work, while parsing the test set holds it and
+    by default gives it up every 5 ms only: each of those moments would wait that long."""
+    with _switches_lock:
+        if not _switches["users"]:
+            _switches["before"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(seconds, _switches["before"]))
+        _switches["users"] += 1
+    try:
+        yield
+    finally:
+        with _switches_lock:
+            _switches["users"] -= 1
+            if not _switches["users"]:
+                sys.setswitchinterval(_switches["before"])
+
+
+def _check_options(metrics: Iterable[str | Metric] | str | None, domain_adjustment: float,
+                   sub_chunks: str) -> list[Metric]:
+    """The metrics parsed, after the options are checked (MetricError, UsageError)."""
+    mets = parse_metrics(metrics)
+    check_domain_adjustment(domain_adjustment)
+    if sub_chunks not in SUB_CHUNKS:
+        raise UsageError(argument="sub_chunks", allowed=list(SUB_CHUNKS), got=sub_chunks)
+    return mets
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -590,7 +756,7 @@ def _group_requests(rc: ResultCodes, row_number: np.ndarray | None) -> _Requests
 
 def _empty_status_is_ok(status: np.ndarray, statuses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Status codes and names where an empty status (code -1) reads as ``ok``."""
-    if not len(status) or status.min() >= 0:
+    if not len(status) or extremes(status)[0] >= 0:
         return status, statuses
     if "ok" not in statuses:
         statuses = np.append(statuses, "ok")
@@ -604,7 +770,7 @@ def _runs(q: np.ndarray, s: np.ndarray, rep: np.ndarray, rank: np.ndarray) -> tu
         return np.zeros(0, np.int64), np.zeros(0, bool), True
     brk = q[1:] != q[:-1]
     for a in (s, rep):  # a constant column cannot break a run
-        if a.min() != a.max():
+        if extremes(a)[0] != extremes(a)[1]:
             brk |= a[1:] != a[:-1]
     starts = np.r_[0, np.flatnonzero(brk) + 1]
     ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
@@ -630,7 +796,7 @@ def _check_structure(req: _Requests, source: str) -> None:
     problems: list[Problem] = []
     st, brk, n_rows = req.status, req.brk, len(req.query)
     queries, stages = req.codes.queries, req.codes.stages
-    if n_rows > 1 and st.min() != st.max():
+    if n_rows > 1 and extremes(st)[0] != extremes(st)[1]:
         mixed = np.flatnonzero((st[1:] != st[:-1]) > brk) + 1
         for r in np.unique(np.searchsorted(req.starts, mixed, side="right") - 1)[:20]:
             problems.append(Problem(source, req.row_of(req.starts[r]), "status",
@@ -688,9 +854,11 @@ def _distinct_lists(req: _Requests, scored: np.ndarray, k_max: int) -> _Lists:
         kept_len = np.where(scored, lengths, 0)
         grid = req.chunk.reshape(req.n, int(lengths[0]))
         n_dups = np.zeros(req.n, np.int64)
+        below: int | None = len(req.codes.chunks)   # every cell a chunk code: 0 .. len(chunks) - 1
     else:
         grid, kept_len, n_dups = _ragged_grid(req, scored, k_max)
-    top, n_dup = _first_k_distinct(grid, k_max)
+        below = None
+    top, n_dup = _first_k_distinct(grid, k_max, below)
     n_dups += n_dup
     top[~scored] = -1
     n_dups[~scored] = 0
@@ -733,13 +901,14 @@ def _ragged_grid(req: _Requests, scored: np.ndarray, k_max: int) -> tuple[np.nda
 
 
 def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: TestSet,
-                   mets: list[Metric]) -> dict[str, np.ndarray]:
-    """Step 5: each metric's value for every scored request (in request order).
+                   mets: list[Metric], lab: _Relevance | None = None) -> dict[str, np.ndarray]:
+    """Step 5: each metric's value for every scored request (in request order); ``lab``: the test
+    set's :class:`_Relevance` (computed here when not given).
 
     Every metric sums over relevant cells only (a grade-0 cell adds nothing), so only they
     go on to the kernels, each with its 1-based position among its request's distinct chunks.
     """
-    lab = _Relevance.of(testset)
+    lab = lab if lab is not None else _Relevance.of(testset)
     c_in_lab = np.append(_index_in(req.codes.chunks, lab.chunks), -1)  # the last slot serves -1
     top_lab = c_in_lab[top]
     key = sel.ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
@@ -869,8 +1038,15 @@ def _queries_per_stage(req: _Requests, scored: np.ndarray) -> dict[str, int]:
     """Distinct queries with a scored request, per stage name."""
     sc = np.flatnonzero(scored)
     n_q = max(len(req.codes.queries), 1)
-    stage_query = np.unique(req.r_stage[sc].astype(np.int64) * n_q + req.r_query[sc])
-    stage, n = np.unique(stage_query // n_q, return_counts=True)
+    key = req.r_stage[sc].astype(np.int64) * n_q + req.r_query[sc]
+    if len(req.codes.stages) * n_q <= 1 << 26:   # a mark per (stage, query): no sort
+        seen = np.zeros(max(len(req.codes.stages), 1) * n_q, bool)
+        seen[key] = True
+        n = seen.reshape(-1, n_q).sum(axis=1)
+        stage = np.flatnonzero(n)
+        n = n[stage]
+    else:
+        stage, n = np.unique(np.unique(key) // n_q, return_counts=True)
     return {req.codes.stages[k]: int(v) for k, v in zip(stage, n, strict=True)}
 
 

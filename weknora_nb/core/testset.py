@@ -23,20 +23,29 @@ Memory: a loaded test set is held as its two DataFrames only (Arrow-backed strin
 :meth:`TestSet.records` rebuilds the plain dicts on demand. Files are read as a stream,
 and validated records are gathered in column batches, so loading 1,000,000 queries stays
 under 1 GB (``benchmarks/testset_memory.py``).
+
+Speed: records are checked a batch at a time (:func:`_bulk_columns`: a few passes over each
+field of the batch, no Python function per record), and JSONL is parsed by orjson a block
+of lines at a time. A batch holding anything unusual (a problem to name, an odd type, a key
+written twice, a lone ``\r``) is checked record by record instead, as before, so every
+message still names its file, line and field; the fast path only accepts what that check
+accepts, with the same result. The hash is built by Arrow and numpy over slices of queries.
 """
 
 from __future__ import annotations
 
 import csv
+import gc
 import hashlib
 import json
 import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +71,15 @@ _TEXT = pa.large_string()
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _GRADE_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
 _SAME_ONCE_STRIPPED = "are the same id once surrounding whitespace is removed"
+_BOM = b"\xef\xbb\xbf"
+#: bytes of lines read at a time
+_BLOCK_BYTES = 1 << 21
+_ESCAPE_PAIR = re.compile(rb"\\.", re.DOTALL)
+#: bytes JSON escapes in a string (``"``, ``\\``, control characters), and the others
+_JSON_ESCAPED = np.zeros(256, bool)
+_JSON_ESCAPED[[*range(32), 34, 92]] = True
+_JSON_PLAIN = bytes(np.flatnonzero(~_JSON_ESCAPED).astype(np.uint8))
+_NONE = type(None)
 #: ``bad(field, message)``: records a problem at the line (or row) being checked
 _Bad = Callable[[str | None, str], None]
 
@@ -96,8 +114,9 @@ class TestSet:
     def from_records(cls, records: Iterable[dict[str, Any]], source: str = "<records>") -> TestSet:
         """Validate plain dicts (the JSONL schema) and build a test set."""
         builder = _Builder(source, "record")
-        for i, rec in enumerate(records, start=1):
-            builder.add(i, rec)
+        it = iter(records)
+        while batch := list(islice(it, _BATCH)):
+            builder.add_batch(range(builder.seen + 1, builder.seen + 1 + len(batch)), batch)
         return builder.build()
 
     # -- views ------------------------------------------------------------------------
@@ -225,61 +244,97 @@ def _take(arr: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     return merged.take(pa.array(inverse))
 
 
-def _json_strings(arr: pa.Array) -> pa.Array:
-    """Each string as JSON text (``json.dumps(s, ensure_ascii=False)``); nulls stay null."""
+def _escape_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """Which strings of ``arr`` (large_string) hold a character JSON escapes (``"``, ``\\``, a control
+    character); None when none does (the usual case, found by one pass over the bytes)."""
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    masks: list[np.ndarray | None] = []
+    for ch in chunks:
+        offsets = np.frombuffer(ch.buffers()[1], np.int64, len(ch) + 1, ch.offset * 8) if len(ch) else np.zeros(1)
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        data = bytes(memoryview(ch.buffers()[2])[lo:hi]) if hi > lo else b""
+        if not data.translate(None, _JSON_PLAIN):
+            masks.append(None)
+            continue
+        mask = np.zeros(len(ch), bool)
+        mask[np.searchsorted(offsets, np.flatnonzero(_JSON_ESCAPED[np.frombuffer(data, np.uint8)]) + lo,
+                             side="right") - 1] = True
+        masks.append(mask)
+    if all(m is None for m in masks):
+        return None
+    return np.concatenate([np.zeros(len(ch), bool) if m is None else m for ch, m in zip(chunks, masks, strict=True)])
+
+
+def _json_strings(arr: pa.Array, escape: np.ndarray | None | bool = True) -> pa.Array:
+    """Each string as JSON text (``json.dumps(s, ensure_ascii=False)``); nulls stay null. ``escape``: which
+    strings need escapes (from :func:`_escape_mask`; True: find out here)."""
     quote = pa.scalar('"', _TEXT)
-    out = pc.binary_join_element_wise(quote, arr, quote, pa.scalar("", _TEXT))
-    needs = pc.match_substring_regex(arr, r'[\x00-\x1f"\\]').fill_null(False)
-    if pc.any(needs).as_py():
-        escaped = [json.encoder.encode_basestring(s) for s in arr.filter(needs).to_pylist()]
-        out = pc.replace_with_mask(out, needs, pa.array(escaped, _TEXT))
-    return out
+    return pc.binary_join_element_wise(quote, _json_inner(arr, escape), quote, pa.scalar("", _TEXT))
 
 
-def _tag_lists(col: pd.Series) -> Any:
-    """``rows -> the tags of those rows as Python lists``, for an Arrow list column or an object column of lists."""
-    if isinstance(col.dtype, np.dtype):
-        values = col.to_numpy(dtype=object)
-        return lambda rows: [list(t) for t in values[rows]]
-    arr = pa.array(col.array)
+def _json_inner(arr: pa.Array, escape: np.ndarray | None | bool = True) -> pa.Array:
+    """:func:`_json_strings` without the quotes around each: ``arr`` itself when no string needs an escape."""
+    needs = _escape_mask(arr) if escape is True else escape
+    if needs is None or needs is False or not needs.any():
+        return arr
+    escaped = [json.encoder.encode_basestring(s)[1:-1] for s in arr.filter(pa.array(needs)).to_pylist()]
+    return pc.replace_with_mask(arr, pa.array(needs), pa.array(escaped, arr.type))
+
+
+def _tag_column(col: pd.Series) -> pa.ChunkedArray:
+    """The tags column as an Arrow list of large_string (a list per query; an object column of lists too)."""
+    arr = pa.array(col.to_numpy(dtype=object), pa.list_(_TEXT)) if isinstance(col.dtype, np.dtype) \
+        else pa.array(col.array)
     arr = arr if isinstance(arr, pa.ChunkedArray) else pa.chunked_array([arr])
-    return lambda rows: _take(arr, rows).to_pylist()
+    return arr if arr.type == pa.list_(_TEXT) else arr.cast(pa.list_(_TEXT))
 
 
-def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, slice_size: int = 16_384) -> str:
-    """:attr:`TestSet.hash` of the two frames (see there for the canonical form), a slice of queries at a time."""
-    qid = _arrow_text(queries["query_id"])
-    order = pc.sort_indices(qid).to_numpy().astype(np.int64)   # UTF-8 byte order = code point order, as Python
-    rank = np.empty(len(order), np.int32)
-    rank[order] = np.arange(len(order), dtype=np.int32)
-    pos = _positions(qrels["query_id"], queries["query_id"])
-    label_rows = _label_rows(pos, order)
-    chunk, grade = _arrow_text(qrels["chunk_id"]), pa.array(qrels["grade"].to_numpy().astype(np.int8))
-    texts, types = _arrow_text(queries["query"]), _arrow_text(queries["query_type"])
-    tags_of = _tag_lists(queries["tags"])
-    tag_json: dict[tuple[str, ...], str] = {}
-    h = hashlib.sha256(b"[")
-    for start in range(0, len(order), slice_size):
-        at = order[start:start + slice_size]
-        lab, offsets = label_rows(at)
-        labels = _labels_json(_take(chunk, lab), grade.take(pa.array(lab)), rank[pos[lab]], offsets)
-        t_json = [tag_json.get(k) or tag_json.setdefault(k, json.dumps(sorted(k), ensure_ascii=False,
-                                                                       separators=(",", ":")))
-                  for k in map(tuple, tags_of(at))]
-        parts = [",[", _json_strings(_take(qid, at)), ",", _json_strings(_take(texts, at)), ",[", labels, "],",
-                 _json_strings(_take(types, at)).fill_null("null"), ",", pa.array(t_json, _TEXT), "]"]
-        elements = pc.binary_join_element_wise(*[pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts],
-                                               pa.scalar("", _TEXT))
-        data = _string_bytes(elements)
-        h.update(data[1:] if start == 0 else data)   # no comma before the first element
-    h.update(b"]")
-    return "sha256:" + h.hexdigest()
+def _tags_json(tags: pa.Array) -> pa.Array:
+    """Per query, the JSON text of its sorted tags (``json.dumps(sorted(tags))``, compact)."""
+    tags = tags.fill_null(pa.scalar([], tags.type)) if tags.null_count else tags
+    offsets = np.asarray(tags.offsets, dtype=np.int64)
+    offsets -= offsets[0]
+    values = tags.flatten()
+    if not len(values):
+        return pa.repeat(pa.scalar("[]", _TEXT), len(tags))
+    if np.diff(offsets).max() > 1:   # within each list, in code point order (UTF-8 byte order)
+        parent = np.repeat(np.arange(len(tags)), np.diff(offsets))
+        values = values.take(pc.sort_indices(pa.table({"p": parent, "v": values}),
+                                             sort_keys=[("p", "ascending"), ("v", "ascending")]))
+    joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), _json_inner(values)),
+                            pa.scalar('","', _TEXT))   # '"a","b"' without its outer quotes
+    listed = pc.binary_join_element_wise(pa.scalar('["', _TEXT), joined, pa.scalar('"]', _TEXT), pa.scalar("", _TEXT))
+    empty = pa.array(np.diff(offsets) == 0)
+    return pc.if_else(empty, pa.scalar("[]", _TEXT), listed) if pc.any(empty).as_py() else listed
 
 
-def _label_rows(pos: np.ndarray, order: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+class _Rows:
+    """Slices of a column in hash order: ``order`` (None: the rows are in order already)."""
+
+    def __init__(self, order: np.ndarray | None):
+        self.order = order
+
+    def pick(self, arr: pa.ChunkedArray, start: int, stop: int) -> pa.Array:
+        if self.order is None:
+            return arr.slice(start, stop - start).combine_chunks()
+        return _take(arr, self.order[start:stop])
+
+    def mask(self, mask: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
+        if mask is None:
+            return None
+        return mask[start:stop] if self.order is None else mask[self.order[start:stop]]
+
+
+def _hash_order(qid: pa.ChunkedArray) -> np.ndarray | None:
+    """The queries' order by id (UTF-8 byte order = code point order, as Python sorts); None when in order."""
+    if len(qid) < 2 or pc.all(pc.less_equal(qid.slice(0, len(qid) - 1), qid.slice(1))).as_py():
+        return None
+    return pc.sort_indices(qid).to_numpy().astype(np.int64)
+
+
+def _label_rows(pos: np.ndarray, n: int) -> Callable[[np.ndarray | slice], tuple[np.ndarray, np.ndarray]]:
     """``queries -> (their label rows, query by query; offsets of each query's labels in them)``, from each
     label's query position ``pos`` (-1: a label of no query, left out)."""
-    n = len(order)
     counts = np.bincount(pos[pos >= 0], minlength=n)
     if len(pos) and not (pos[1:] >= pos[:-1]).all() or (len(pos) and pos[0] < 0):   # labels not grouped by query
         grouped = np.argsort(np.where(pos >= 0, pos, n), kind="stable")
@@ -287,7 +342,7 @@ def _label_rows(pos: np.ndarray, order: np.ndarray) -> Callable[[np.ndarray], tu
         grouped = None
     first = np.concatenate([[0], np.cumsum(counts)])[:-1]   # where each query's labels start in ``grouped`` order
 
-    def rows(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def rows(at: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
         lens = counts[at]
         offsets = np.concatenate([[0], np.cumsum(lens)])
         picked = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lens) + np.repeat(first[at], lens)
@@ -295,13 +350,55 @@ def _label_rows(pos: np.ndarray, order: np.ndarray) -> Callable[[np.ndarray], tu
     return rows
 
 
-def _labels_json(chunk: pa.Array, grade: pa.Array, rank: np.ndarray, offsets: np.ndarray) -> pa.Array:
-    """Per query (``offsets`` into the labels, grouped by ``rank``): its ``["chunk",grade]`` pairs sorted by
-    chunk id and joined by commas."""
-    by = pc.sort_indices(pa.table({"r": rank, "c": chunk}), sort_keys=[("r", "ascending"), ("c", "ascending")])
-    pairs = pc.binary_join_element_wise(pa.scalar("[", _TEXT), _json_strings(chunk.take(by)), pa.scalar(",", _TEXT),
-                                        pc.cast(grade.take(by), _TEXT), pa.scalar("]", _TEXT), pa.scalar("", _TEXT))
+def _labels_json(chunk: pa.Array, grade: pa.Array, escape: np.ndarray | None, offsets: np.ndarray) -> pa.Array:
+    """Per query (``offsets`` into the labels, grouped by query): its ``["chunk",grade]`` pairs sorted by chunk
+    id and joined by commas (``escape``: which chunk ids need JSON escapes)."""
+    group = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    by = pc.sort_indices(pa.table({"r": group, "c": chunk}), sort_keys=[("r", "ascending"), ("c", "ascending")])
+    pairs = pc.binary_join_element_wise(
+        pa.scalar('["', _TEXT), _json_inner(chunk.take(by), None if escape is None else escape[by.to_numpy()]),
+        pa.scalar('",', _TEXT), _grade_text(grade.take(by)), pa.scalar("]", _TEXT), pa.scalar("", _TEXT))
     return pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pairs), pa.scalar(",", _TEXT))
+
+
+_GRADE_TEXTS = pa.array([str(g) for g in GRADES], _TEXT)
+
+
+def _grade_text(grade: pa.Array) -> pa.Array:
+    """Integer grades as their decimal text."""
+    if len(grade) and pc.min(grade).as_py() >= 0 and pc.max(grade).as_py() < len(GRADES):
+        return _GRADE_TEXTS.take(grade)   # the usual 0-3: a lookup, no formatting
+    return pc.cast(grade, _TEXT)
+
+
+def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, slice_size: int = 16_384) -> str:
+    """:attr:`TestSet.hash` of the two frames (see there for the canonical form), a slice of queries at a time,
+    every step an Arrow or numpy operation over the slice."""
+    qid = _arrow_text(queries["query_id"])
+    n = len(qid)
+    order = _hash_order(qid)
+    label_rows = _label_rows(_positions(qrels["query_id"], queries["query_id"]), n)
+    chunk, grade = _arrow_text(qrels["chunk_id"]), pa.array(qrels["grade"].to_numpy().astype(np.int8))
+    chunk_escape = _escape_mask(chunk)
+    texts, types, tags = _arrow_text(queries["query"]), _arrow_text(queries["query_type"]), _tag_column(queries["tags"])
+    escape = {"id": _escape_mask(qid), "text": _escape_mask(texts), "type": _escape_mask(types)}
+    rows = _Rows(order)
+    h = hashlib.sha256(b"[")
+    for start in range(0, n, slice_size):
+        stop = min(start + slice_size, n)
+        at, offsets = label_rows(slice(start, stop) if order is None else order[start:stop])
+        labels = _labels_json(_take(chunk, at), grade.take(pa.array(at)),
+                              None if chunk_escape is None else chunk_escape[at], offsets)
+        parts = [',["', _json_inner(rows.pick(qid, start, stop), rows.mask(escape["id"], start, stop)), '","',
+                 _json_inner(rows.pick(texts, start, stop), rows.mask(escape["text"], start, stop)), '",[', labels,
+                 "],", _json_strings(rows.pick(types, start, stop), rows.mask(escape["type"], start, stop))
+                 .fill_null("null"), ",", _tags_json(rows.pick(tags, start, stop)), "]"]
+        elements = pc.binary_join_element_wise(*[pa.scalar(p, _TEXT) if isinstance(p, str) else p for p in parts],
+                                               pa.scalar("", _TEXT))
+        data = _string_bytes(elements)
+        h.update(data[1:] if start == 0 else data)   # no comma before the first element
+    h.update(b"]")
+    return "sha256:" + h.hexdigest()
 
 
 def _string_bytes(arr: pa.Array) -> memoryview:
@@ -403,7 +500,7 @@ def load_trec_qrels(qrels_path: str | Path, topics_path: str | Path) -> TestSet:
         raise TestSetError(qp, problems)
     builder = _Builder(str(tp), "line")
     for qid, (ln, text, _) in texts.items():
-        builder.add(ln, {"query_id": qid, "query": text, "relevant": relevant[qid]})
+        builder.put(ln, {"query_id": qid, "query": text, "relevant": relevant[qid]})
     return builder.build()
 
 
@@ -414,33 +511,60 @@ def _same_id(what: str, first: str, later: str, first_at: int, where: str) -> st
     return f"{what} {first!r} ({where} {first_at}) and {later!r} {_SAME_ONCE_STRIPPED}; keep one spelling"
 
 
-def _lines(path: Path, problems: list[Problem], *, keepends: bool = False,
-           stop_at_bad: bool = False) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, line) of a UTF-8 file, read as a stream; BOM tolerated.
+def _raw_blocks(path: Path) -> Iterator[list[bytes]]:
+    """The binary lines of a file (each ending at ``\\n``), about :data:`_BLOCK_BYTES` at a time."""
+    with reading(path, TestSetError), open(path, "rb") as fh:
+        while block := fh.readlines(_BLOCK_BYTES):
+            yield block
+
+
+class _Decoder:
+    """Binary lines to (1-based line number, text), numbering lines and counting bytes across calls.
 
     Lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (nothing else: a U+2028 inside a JSON string
-    is text). A line that is not valid UTF-8 becomes a problem naming it and is skipped
-    (``stop_at_bad``: ends the file).
+    is text); a BOM opening the file is tolerated. A line that is not valid UTF-8 becomes a
+    problem naming it and is skipped (``stop_at_bad``: ends the file, :attr:`stopped`).
     """
-    lineno, offset = 0, 0
-    with reading(path, TestSetError), open(path, "rb") as fh:
-        for raw in fh:
+
+    def __init__(self, path: Path, problems: list[Problem]):
+        self.path, self.problems = str(path), problems
+        self.lineno = self.offset = 0   # lines and bytes read so far
+        self.stopped = False
+
+    def skip(self, block: list[bytes]) -> None:
+        """Count ``block`` as read elsewhere (its lines hold no lone ``\\r``: one line per item)."""
+        self.lineno += len(block)
+        self.offset += sum(map(len, block))
+
+    def lines(self, block: Iterable[bytes], *, keepends: bool = False,
+              stop_at_bad: bool = False) -> Iterator[tuple[int, str]]:
+        for raw in block:
             single = b"\r" not in raw or (raw.endswith(b"\r\n") and raw.count(b"\r") == 1)
-            pieces = [raw] if single else _split_cr(raw)
-            for piece in pieces:
-                lineno += 1
-                start = 3 if lineno == 1 and piece.startswith(b"\xef\xbb\xbf") else 0
+            for piece in [raw] if single else _split_cr(raw):
+                self.lineno += 1
+                start = 3 if self.lineno == 1 and piece.startswith(_BOM) else 0
                 try:
                     text = piece[start:].decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    problems.append(Problem(str(path), lineno, None,
-                                            f"not valid UTF-8 (byte offset {offset + start + exc.start})"))
+                    self.problems.append(Problem(self.path, self.lineno, None,
+                                                 f"not valid UTF-8 (byte offset {self.offset + start + exc.start})"))
                     if stop_at_bad:
+                        self.stopped = True
                         return
-                    offset += len(piece)
+                    self.offset += len(piece)
                     continue
-                offset += len(piece)
-                yield lineno, (text if keepends else text.rstrip("\r\n"))
+                self.offset += len(piece)
+                yield self.lineno, (text if keepends else text.rstrip("\r\n"))
+
+
+def _lines(path: Path, problems: list[Problem], *, keepends: bool = False,
+           stop_at_bad: bool = False) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line) of a UTF-8 file, read as a stream (see :class:`_Decoder`)."""
+    decoder = _Decoder(path, problems)
+    for block in _raw_blocks(path):
+        yield from decoder.lines(block, keepends=keepends, stop_at_bad=stop_at_bad)
+        if decoder.stopped:
+            return
 
 
 def _split_cr(raw: bytes) -> list[bytes]:
@@ -484,14 +608,78 @@ def _parse_json(text: str, bad: _Bad, field: str | None, *, column: bool = True)
 
 
 def _load_jsonl(path: Path) -> TestSet:
+    """A block of lines at a time: parsed and checked at once (:func:`_jsonl_block`) when every record
+    in it is plainly sound, else line by line, each problem named."""
     builder = _Builder(str(path), "line")
-    for lineno, line in _lines(path, builder.problems):
-        if not line.strip():
+    decoder = _Decoder(path, builder.problems)
+    for block in _raw_blocks(path):
+        first = decoder.lineno
+        bom = first == 0 and block[0].startswith(_BOM)   # tolerated before the first line
+        if _jsonl_block(builder, [block[0][3:], *block[1:]] if bom else block, first):
+            decoder.skip(block)
             continue
-        obj = _parse_json(line, builder.complaint(lineno), None)
-        if obj is not _NOT_JSON:   # only a JSON escape (\\ud800) can put a surrogate in a decoded line
-            builder.add(lineno, obj, check_text="\\u" in line)
+        for lineno, line in decoder.lines(block):
+            if not line.strip():
+                continue
+            obj = _parse_json(line, builder.complaint(lineno), None)
+            if obj is not _NOT_JSON:   # only a JSON escape (\\ud800) can put a surrogate in a decoded line
+                builder.add(lineno, obj, check_text="\\u" in line)
     return builder.build()
+
+
+def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
+    """Parse (orjson) and check (:func:`_bulk_columns`) the lines after line ``first`` at once and give
+    them to ``builder``; False, with nothing given, when any line needs the line-by-line reading: a lone
+    ``\\r``, text that is not one JSON object, a key written twice, nesting Python's parser refuses."""
+    import orjson
+
+    data = b"".join(block)
+    if data.count(b"\r") != data.count(b"\r\n"):   # a lone \r ends a line too: the numbering moves
+        return False
+    blank = list(map(bytes.isspace, block))
+    at = np.flatnonzero(~np.array(blank, dtype=bool)) if any(blank) else None
+    lines = block if at is None else [block[i] for i in at]
+    if not lines:
+        return True
+    with _gc_paused():   # many new dicts, none in a cycle: the collector would only walk them again and again
+        try:
+            objs = list(map(orjson.loads, lines))
+        except orjson.JSONDecodeError:   # the line-by-line reading names the problem
+            return False
+        cols = _bulk_columns(objs)
+        if cols is None or _key_twice(data, sum(map(len, objs)) + len(cols["chunk_id"])):
+            return False   # a record to check alone, or a key written twice (orjson keeps the last silently)
+        if any(set(map(type, _field(objs, name))) & {list, dict} for name in set().union(*objs) - KNOWN_FIELDS):
+            return False   # an ignored field holding a list: Python's parser may find it nested too deeply
+        del objs   # freed before the collector resumes
+    numbers = np.arange(first + 1, first + 1 + len(block), dtype=np.int64)
+    builder.add_columns(numbers if at is None else numbers[at], cols)
+    return True
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused within the block (as it was after)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _key_twice(data: bytes, n_keys: int) -> bool:
+    """Whether the JSON text ``data`` (valid JSON values, one a line), parsed into objects holding
+    ``n_keys`` keys in all, writes a key twice: it then has more colons outside strings (one a key)."""
+    colons = data.count(b":")
+    if colons == n_keys:   # no colon in a string, and none more than the keys
+        return False
+    if b"\\" in data:
+        data = _ESCAPE_PAIR.sub(b"", data)   # an escape pair never opens or closes a string
+    b = np.frombuffer(data, np.uint8)
+    quotes, at = np.flatnonzero(b == 34), np.flatnonzero(b == 58)
+    return len(at) - int(np.count_nonzero(np.searchsorted(quotes, at) & 1)) != n_keys   # odd quotes: in a string
 
 
 # -- CSV ---------------------------------------------------------------------------------
@@ -516,19 +704,20 @@ def _load_csv(path: Path) -> TestSet:
             builder.problems.append(Problem(str(path), first[0], name, f"column appears twice in the header "
                                             f"(columns {seen[name]} and {i}); the last would silently win"))
         seen.setdefault(name, i)
-    for lineno, row in rows:
-        if not row:
-            continue
-        obj: dict[str, Any] = {k: v for k, v in zip(header, row, strict=False) if v != ""}
-        obj.setdefault("query_id", "")
-        obj.setdefault("query", "")
-        rel = _parse_relevant_text(obj.get("relevant", ""), builder.complaint(lineno))
-        if rel is None:
-            continue
-        obj["relevant"] = rel
-        if "tags" in obj:
-            obj["tags"] = _parse_tags_text(obj["tags"])
-        builder.add(lineno, obj, check_text=any("\\u" in v for v in row))
+    with _gc_paused():   # the rows become dicts, none in a cycle, checked a batch at a time
+        for lineno, row in rows:
+            if not row:
+                continue
+            obj: dict[str, Any] = {k: v for k, v in zip(header, row, strict=False) if v != ""}
+            obj.setdefault("query_id", "")
+            obj.setdefault("query", "")
+            rel = _parse_relevant_text(obj.get("relevant", ""), builder.complaint(lineno))
+            if rel is None:
+                continue
+            obj["relevant"] = rel
+            if "tags" in obj:
+                obj["tags"] = _parse_tags_text(obj["tags"])
+            builder.put(lineno, obj, check_text=any("\\u" in v for v in row))
     return builder.build()
 
 
@@ -614,6 +803,9 @@ def _parse_relevant_text(text: str, bad: _Bad) -> dict | None:
     if not text:
         return {}
     if text.startswith("{"):
+        plain = _plain_labels(text)
+        if plain is not None:
+            return plain
         val = _parse_json(text, bad, "relevant", column=False)
         return None if val is _NOT_JSON else val
     pairs: list[tuple[str, Any]] = []
@@ -628,6 +820,25 @@ def _parse_relevant_text(text: str, bad: _Bad) -> dict | None:
         g: Any = int(grade) if _GRADE_TEXT.fullmatch(grade.strip()) else grade.strip()
         pairs.append((cid.strip(), g))
     return _object_pairs(pairs)   # a chunk written twice is reported by the record's check
+
+
+def _plain_labels(text: str) -> dict | None:
+    """The JSON object ``text`` read by orjson when it plainly maps chunk ids to integers, each written once;
+    None when Python's parser must read it (it names what is wrong, and reads what orjson reads otherwise:
+    numbers past 64 bits, ``NaN``...). Without escapes, the text's colons are one per key written plus those
+    inside the keys: one more means a key written twice (orjson keeps the last silently)."""
+    import orjson
+
+    if "\\" in text:
+        return None
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict or set(map(type, obj.values())) - {int} \
+            or text.count(":") != len(obj) + sum(map(str.count, obj, repeat(":"))):
+        return None
+    return obj
 
 
 def _parse_tags_text(text: Any) -> Any:
@@ -650,7 +861,9 @@ def _parquet_columns(path: Path, columns: list[str]) -> Iterator[dict[str, list[
     """Yield the ``columns`` of a Parquet file as Python lists, a batch of rows at a time."""
     with reading(path, TestSetError), pq.ParquetFile(path) as pf:
         for batch in pf.iter_batches(batch_size=_BATCH, columns=columns):
-            yield {name: batch.column(name).to_pylist() for name in columns}
+            with _gc_paused():   # many new lists and tuples, none in a cycle
+                cols = {name: batch.column(name).to_pylist() for name in columns}
+            yield cols
 
 
 def _relevant_type_problem(t: pa.DataType) -> str | None:
@@ -687,15 +900,43 @@ def _load_parquet(path: Path) -> TestSet:
         log.debug("%s: ignoring unknown column(s) %s", path, unknown)
     columns = [n for n in names if n in KNOWN_FIELDS]
     builder = _Builder(str(path), "row")
+    as_map = pa.types.is_map(schema.field("relevant").type) or pa.types.is_null(schema.field("relevant").type)
     row = 0
     for cols in _parquet_columns(path, columns):
-        for values in zip(*(cols[n] for n in columns), strict=True):
-            row += 1
-            obj = {k: v for k, v in zip(columns, values, strict=True) if not _missing(v) or k in _REQUIRED}
-            texts = [obj[k] for k in ("relevant", "tags") if isinstance(obj.get(k), str)]
-            if _parquet_record(obj, builder.complaint(row)):   # JSON text may spell a surrogate (\\ud800)
-                builder.add(row, obj, check_text=any("\\u" in t for t in texts))
+        if as_map and _parquet_batch(builder, cols, row):
+            row += len(cols["query_id"])
+            continue
+        with _gc_paused():   # the rows become dicts, none in a cycle, checked a batch at a time
+            for values in zip(*(cols[n] for n in columns), strict=True):
+                row += 1
+                obj = {k: v for k, v in zip(columns, values, strict=True) if not _missing(v) or k in _REQUIRED}
+                texts = [obj[k] for k in ("relevant", "tags") if isinstance(obj.get(k), str)]
+                if _parquet_record(obj, builder.complaint(row)):   # JSON text may spell a surrogate (\\ud800)
+                    builder.put(row, obj, check_text=any("\\u" in t for t in texts))
     return builder.build()
+
+
+def _parquet_batch(builder: _Builder, cols: dict[str, list[Any]], first: int) -> bool:
+    """Check a batch of rows whose ``relevant`` is a map column at once (:func:`_bulk_fields`) and give them
+    to ``builder``; False, with nothing given, when a row needs its own look (a chunk twice in its map...)."""
+    n = len(cols["query_id"])
+    pairs = [p if p is not None else [] for p in cols["relevant"]]   # a null map: no label
+    with _gc_paused():
+        rel = list(map(dict, pairs))
+        if list(map(len, rel)) != list(map(len, pairs)):   # a chunk twice: the row-by-row check names it
+            return False
+        fields = _bulk_fields(_column_field({**cols, "relevant": rel}, n), n)
+        del rel, pairs   # freed before the collector resumes
+    if fields is None:
+        return False
+    builder.add_columns(np.arange(first + 1, first + 1 + n, dtype=np.int64), fields)
+    return True
+
+
+def _column_field(cols: dict[str, list[Any]], n: int) -> Callable[[str], list[Any]]:
+    """``name -> its column`` (``n`` Nones for a column the file does not have)."""
+    absent = [None] * n
+    return lambda name: cols.get(name, absent)
 
 
 def _parquet_record(obj: dict[str, Any], bad: _Bad) -> bool:
@@ -778,7 +1019,7 @@ def _load_weknora_folder(folder: Path) -> TestSet:
         _weknora_answers(paths["answers"], paths["qas"], records, problems)
     builder = _Builder(qpath, "row", problems)
     for i, rec in order:
-        builder.add(i, rec, check_text=False)   # text from Arrow is valid UTF-8
+        builder.put(i, rec, check_text=False)   # text from Arrow is valid UTF-8
     return builder.build()
 
 
@@ -1017,6 +1258,123 @@ def _grade(value: Any) -> int | None:
     return None
 
 
+# -- many records at once ---------------------------------------------------------------
+def _field(objs: list[dict], name: str) -> list[Any]:
+    """``obj.get(name)`` of each record."""
+    return list(map(dict.get, objs, repeat(name)))
+
+
+def _bulk_text(values: list[Any], *, optional: bool) -> list[Any] | None:
+    """The stripped values of a text field when each is a non-empty string (or None, when ``optional``),
+    else None."""
+    types = set(map(type, values))
+    out: list[Any]
+    if types == {str}:
+        out = list(map(str.strip, values))
+    elif optional and types == {_NONE}:
+        return values
+    elif optional and types == {str, _NONE}:
+        out = [v if v is None else v.strip() for v in values]
+    else:
+        return None
+    return None if "" in out else out
+
+
+def _bulk_ids(values: list[Any]) -> tuple[list[str], list[str]] | None:
+    """(stripped ids, ids as written) of the query ids when each is a string or an integer that strips to
+    something, else None."""
+    types = set(map(type, values))
+    if types == {str}:
+        spelled = values
+    elif types <= {str, int}:
+        spelled = [v if type(v) is str else str(v) for v in values]   # ValueError: too many digits
+    else:
+        return None
+    key = list(map(str.strip, spelled))
+    return None if "" in key else (key, spelled)
+
+
+def _bulk_labels(rel: list[Any]) -> tuple[np.ndarray, list[str], np.ndarray] | None:
+    """(labels per record, chunk ids, grades) when each ``relevant`` is a plain dict of stripped, non-empty
+    string ids to integer grades 0-3, else None."""
+    if set(map(type, rel)) != {dict}:
+        return None
+    n_lab = np.fromiter(map(len, rel), np.int64, len(rel))
+    cids = list(chain.from_iterable(rel))
+    grades = list(chain.from_iterable(map(dict.values, rel)))
+    if not cids:
+        return n_lab, cids, np.zeros(0, np.int8)
+    if set(map(type, cids)) != {str} or set(map(type, grades)) != {int} or "" in cids \
+            or list(map(str.strip, cids)) != cids:
+        return None
+    g = np.fromiter(grades, np.int64, len(grades))   # OverflowError: an integer past int64
+    return (n_lab, cids, g.astype(np.int8)) if g.min() >= 0 and g.max() <= 3 else None
+
+
+def _bulk_tags(tags: list[Any]) -> pa.Array | None:
+    """The tags column (stripped lists; none given: an empty list) when each record's ``tags`` is missing or
+    a list of strings that strip to something, else None."""
+    types = set(map(type, tags))
+    if types == {_NONE}:
+        return pa.ListArray.from_arrays(pa.array(np.zeros(len(tags) + 1, np.int32)), pa.array([], _TEXT))
+    if not types <= {list, _NONE}:
+        return None
+    lists = tags if _NONE not in types else [t or [] for t in tags]
+    flat = list(chain.from_iterable(lists))
+    if flat and set(map(type, flat)) != {str}:
+        return None
+    flat = list(map(str.strip, flat))
+    if "" in flat:
+        return None
+    offsets = np.zeros(len(lists) + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, lists), np.int64, len(lists)), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, _TEXT))
+
+
+def _bulk_columns(objs: list[Any]) -> dict[str, Any] | None:
+    """The builder's columns (Arrow arrays) of many records checked at once, when every record is plainly
+    sound: exactly what :func:`_check_record` keeps of each, with no problem to report. None when any
+    record needs its own look (a problem to name, an unusual type, an unpaired surrogate...):
+    nothing here reports a problem, so this path only ever accepts what the record-by-record one accepts."""
+    if not objs or set(map(type, objs)) != {dict}:   # a _Repeated (a key written twice), or not an object
+        return None
+    if not KNOWN_FIELDS.issuperset(set().union(*objs)) and log.isEnabledFor(logging.DEBUG):
+        return None   # each record logs the fields it ignores
+    return _bulk_fields(lambda name: _field(objs, name), len(objs))
+
+
+def _bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | None:
+    """:func:`_bulk_columns` of ``n`` records given field by field: ``field(name)`` is each record's value
+    (None where it has none)."""
+    try:
+        ids, text = _bulk_ids(field("query_id")), _bulk_text(field("query"), optional=False)
+        labels = _bulk_labels(field("relevant"))
+        qtype = _bulk_text(field("query_type"), optional=True)
+        answer, weight = field("answer"), field("weight")
+        if ids is None or text is None or labels is None or qtype is None or not set(map(type, answer)) <= {
+                str, _NONE} or not set(map(type, weight)) <= {int, _NONE}:
+            return None
+        tags = _bulk_tags(field("tags"))
+        if tags is None:
+            return None
+        # text becomes UTF-8 here: an unpaired surrogate raises (UnicodeEncodeError), as a weight past int64
+        weights = pa.array(weight, pa.int64())
+        cols = {"query_id": pa.array(ids[0], _TEXT), "query": pa.array(text, _TEXT),
+                "query_type": pa.array(qtype, _TEXT), "answer": pa.array(answer, _TEXT), "weight": weights,
+                "tags": tags, "chunk_id": pa.array(labels[1], _TEXT)}
+    except (UnicodeEncodeError, ValueError, OverflowError, pa.ArrowException):
+        return None
+    if weights.null_count < len(weights) and pc.min(weights).as_py() < 1:
+        return None
+    n_lab, _, grade = labels
+    label_q = np.repeat(np.arange(n, dtype=np.int64), n_lab)
+    cols.update(n_labelled=n_lab, grade=grade, label_query=cols["query_id"].take(pa.array(label_q)),
+                n_relevant=np.bincount(label_q, weights=grade > 0, minlength=n).astype(np.int64),
+                spelled={i: w for i, (k, w) in enumerate(zip(*ids, strict=True)) if k != w}
+                if ids[0] != ids[1] else {})
+    return cols
+
+
 # ---------------------------------------------------------------------------------------
 # building
 # ---------------------------------------------------------------------------------------
@@ -1039,7 +1397,9 @@ class _Builder:
         self._rows: list[tuple] = []          # this batch's checked records
         self._arrays: dict[str, list[pa.Array]] = {c: [] for c in self._TYPES}
         self._spelled: dict[int, str] = {}   # record index -> query id as written, where stripping changed it
-        self.n = 0
+        self.n = 0      # records kept
+        self.seen = 0   # records checked
+        self._queue: list[tuple[int, Any, bool]] = []   # records put, not yet checked
 
     def complaint(self, line: int) -> _Bad:
         """A ``bad(field, message)`` that records a problem at ``line``."""
@@ -1047,8 +1407,44 @@ class _Builder:
             self.problems.append(Problem(self.path, line, field, message, self.where))
         return bad
 
+    def put(self, line: int, obj: Any, *, check_text: bool = True) -> None:
+        """:meth:`add` a record, later: records put are checked :data:`_BATCH` at a time (:meth:`add_batch`)."""
+        self._queue.append((line, obj, check_text))
+        if len(self._queue) >= _BATCH:
+            self._drain()
+
+    def _drain(self) -> None:
+        if self._queue:
+            lines, objs, check_text = zip(*self._queue, strict=True)
+            self._queue = []
+            self.add_batch(lines, list(objs), check_text)
+
+    def add_batch(self, lines: Iterable[int], objs: list[Any], check_text: Iterable[bool] | None = None) -> None:
+        """Check many records and keep the sound ones: at once when every one is plainly
+        sound (:func:`_bulk_columns`), else one at a time (:meth:`add`, with ``check_text``), each
+        problem named."""
+        lines = list(lines)
+        cols = _bulk_columns(objs)
+        if cols is not None:
+            self.add_columns(np.asarray(lines, dtype=np.int64), cols)
+            return
+        for line, obj, text in zip(lines, objs, check_text or repeat(True), strict=False):
+            self.add(line, obj, check_text=text)
+
+    def add_columns(self, lines: np.ndarray, cols: dict[str, Any]) -> None:
+        """Keep records already checked (the columns of :func:`_bulk_columns`), after those added before."""
+        self._drain()
+        self._flush()
+        self.seen += len(lines)
+        self._spelled.update({self.n + i: w for i, w in cols["spelled"].items()})
+        for c, t in self._TYPES.items():
+            self._arrays[c].append(pa.array(lines) if c == "line" else pa.array(cols[c], t))
+        self.n += len(lines)
+
     def add(self, line: int, obj: Any, *, check_text: bool = True) -> None:
         """Check one record and, when it is sound, keep it (``check_text``: see :func:`_check_record`)."""
+        self._drain()
+        self.seen += 1
         rec = _check_record(obj, self.complaint(line), check_text)
         if rec is None:
             return
@@ -1101,6 +1497,7 @@ class _Builder:
 
     def build(self) -> TestSet:
         """The test set, or :class:`TestSetError` with every problem (ordered by file, then line)."""
+        self._drain()
         self._flush()
         self._check_duplicates(self._column("query_id"), self._column("line").to_numpy())
         if not self.n and not self.problems:

@@ -12,6 +12,18 @@ Cells tagged ``baseline`` need a baseline to compare with and run only when base
 given; cells tagged ``no-baseline`` (what a reader sees instead) only when none is: so
 05_compare rendered without a baseline says so once and shows the history.
 
+Notebooks run in parallel: ``jobs`` at a time (default one per core, :func:`default_jobs`),
+across the notebooks of every report given to :func:`render_reports` (the demo renders its
+versions' reports together). Each of the ``jobs`` threads keeps one kernel for the notebooks
+it executes and resets it between them (:class:`_Kernel`): starting a kernel and importing
+pandas, matplotlib and the package is paid once per thread, not once per notebook. What the
+notebooks compute from a run (the run loaded and scored, groups, label coverage) and the
+runs the index pages' headline comparisons use are kept in the render cache, ``<reports
+folder>/.cache`` (:func:`weknora_nb.reports.notebook.cached`), keyed by the content of the
+run's files, so each is computed once and found by every notebook (and every later
+rendering) that needs it.
+The pages, their order and their content do not depend on ``jobs``.
+
 Reports carry no secret (notebooks never take an API key as a parameter) and escape every
 text that comes from the run, the test set or the knowledge base (:mod:`weknora_nb.reports.safe`).
 
@@ -24,28 +36,36 @@ and each kernel's IPC sockets and connection file live in a private temporary fo
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import ReportError, RunFolderError, UsageError, writing
 from weknora_nb.core.pipeline import HEADLINE_METRIC
-from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, load_run, read_manifest
+from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, read_manifest
 from weknora_nb.reports.safe import esc, href
 
-__all__ = ["NOTEBOOKS", "ReportError", "Report", "render_report", "write_index", "notebooks_dir"]
+__all__ = ["NOTEBOOKS", "ReportError", "Report", "ReportRequest", "render_report", "render_reports", "default_jobs",
+           "write_index", "notebooks_dir", "CACHE_FOLDER"]
 
 log = logging.getLogger(__name__)
 
 NOTEBOOKS = ("01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare", "06_answers")
 #: notebooks rendered only when the run folder holds this file (06: a run without a chat stage has no answers)
 NEEDS = {"06_answers": ANSWERS}
+#: the render cache's folder inside the reports folder (:func:`weknora_nb.reports.notebook.cached`)
+CACHE_FOLDER = ".cache"
+#: at most this many kernels by default, whatever the number of cores (each holds a run in memory)
+MAX_DEFAULT_JOBS = 8
 _EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.I)
 
 
@@ -83,6 +103,7 @@ def _kernel_manager_class() -> type:
     class IPCKernelManager(AsyncKernelManager):
         def __init__(self, **kw: Any):
             kw.setdefault("transport", "ipc")
+            self._clients: list[Any] = []
             private = Path(tempfile.mkdtemp(prefix="weknora-nb-kernel-"))
             self._remove_private = weakref.finalize(self, shutil.rmtree, private, ignore_errors=True)
             kw.setdefault("connection_file", str(private / "kernel.json"))
@@ -101,7 +122,194 @@ def _kernel_manager_class() -> type:
             if self.shutting_down:  # set by _async_shutdown_kernel before it interrupts
                 return
             await super()._async_interrupt_kernel()
+
+        def client(self, **kw: Any) -> Any:
+            kc = super().client(**kw)
+            self._clients.append(kc)
+            return kc
+
+        def stop_clients(self) -> None:
+            """Stop the channels of every client made so far (papermill leaves open those of a kernel it was given)."""
+            while self._clients:
+                self._clients.pop().stop_channels()
     return IPCKernelManager
+
+
+#: what :func:`kernel_setup` saw, for :func:`kernel_reset` (in a kernel's process)
+_KERNEL_STATE: dict[str, Any] = {}
+_SETUP = '__import__("weknora_nb.reports.render", fromlist=["kernel_setup"]).kernel_setup()'
+_RESET = ('__import__("weknora_nb.reports.render", fromlist=["kernel_reset"]).kernel_reset({cwd!r}, {cache!r}, '
+          '{code!r})')
+
+
+def kernel_setup() -> None:
+    """Run in a kernel :class:`_Kernel` started: import what the notebooks use, activate matplotlib's
+    inline backend and apply the figure style (once per kernel, not once per notebook), then note the
+    state :func:`kernel_reset` brings the kernel back to."""
+    import warnings
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from weknora_nb.reports import notebook  # noqa: F401  (pandas, numpy, IPython.display, the package)
+    from weknora_nb.reports.figures import figure_style
+
+    plt.close(plt.figure())  # the inline backend is set up by the first figure
+    figure_style()
+    _KERNEL_STATE.update(rc=matplotlib.rcParams.copy(), filters=list(warnings.filters), env=dict(os.environ),
+                         path=list(sys.path))
+
+
+def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
+    """Run in a kept kernel before its next notebook: the state :func:`kernel_setup` noted.
+
+    The user's names and the output history are cleared and the execution count starts at 1
+    again (IPython's ``%reset``); figures are closed and matplotlib's settings restored; the
+    warning filters restored and what was warned once will be warned again; the module search
+    path and the environment restored, with the render cache folder ``cache``
+    (:data:`weknora_nb.reports.notebook.CACHE_ENV`, and every run loaded through
+    :func:`weknora_nb.reports.notebook.cached_run`; None: no cache) and the rendering process's
+    ``code`` version (:func:`weknora_nb.reports.notebook.code_version`); the working folder is ``cwd``.
+    Modules stay imported: that is the point.
+    """
+    import gc
+    import warnings
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from IPython import get_ipython
+
+    from weknora_nb.core import run
+    from weknora_nb.reports.notebook import CACHE_ENV, CODE_ENV, cached_run
+
+    shell = get_ipython()
+    shell.reset(new_session=False)
+    shell.execution_count = 1
+    plt.close("all")
+    dict.update(matplotlib.rcParams, _KERNEL_STATE["rc"])  # as matplotlib.rc_context restores them
+    warnings.simplefilter("default")  # changes the filters' version: the once-per-place records are dropped
+    warnings.filters[:] = _KERNEL_STATE["filters"]  # type: ignore[index]
+    os.environ.clear()
+    os.environ.update(_KERNEL_STATE["env"])
+    sys.path[:] = _KERNEL_STATE["path"]
+    if cache is not None:
+        os.environ[CACHE_ENV] = cache
+    if code is not None:
+        os.environ[CODE_ENV] = code
+    run.run_cache = None if cache is None else cached_run
+    os.chdir(cwd)
+    gc.collect()
+
+
+class _Kernel:
+    """A kernel kept for the notebooks one thread executes, one after another.
+
+    Starting a kernel and importing what the notebooks use (pandas, matplotlib, the package)
+    takes 1-2 s; a kept kernel pays it once. It is started (:func:`_kernel_manager_class`:
+    private IPC sockets) and set up (:func:`kernel_setup`) for its first notebook and reset
+    (:func:`kernel_reset`) before each one, so that a notebook finds the kernel as a new one
+    would be after its set-up. A kernel that died is replaced by a new one for the next notebook.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.km: Any = None
+
+    def render(self, page: _Page) -> float:
+        """Execute ``page`` into its ``.ipynb`` and ``.html``; seconds taken. A failing cell: the partial
+        notebook and HTML written, then :class:`ReportError` naming the notebook and the cell."""
+        import papermill as pm
+
+        t0 = time.perf_counter()
+        try:
+            self._ready(page)
+            pm.execute_notebook(page.source, _literal(page.executed), parameters=page.declared, kernel_name=self.name,
+                                progress_bar=False, log_output=False, km=self.km)
+        except pm.PapermillExecutionError as exc:
+            _to_html(page.executed, page.html, no_input=False)
+            _embed_font([page.html])
+            raise ReportError(page.notebook, *_failed_cell(page.executed), exc.ename, str(exc.evalue)[:300],
+                              page.html) from exc
+        finally:
+            self._after()
+        _to_html(page.executed, page.html, no_input=page.no_input)
+        return time.perf_counter() - t0
+
+    def _ready(self, page: _Page) -> None:
+        """A kernel started and set up (when there is none or it died), then reset for ``page``."""
+        from jupyter_core.utils import run_sync
+
+        if self.km is not None and not run_sync(self.km.is_alive)():
+            self._drop()
+        if self.km is None:
+            km = _kernel_manager_class()(kernel_name=self.name)
+            # no history database: kernels at once would write one file, and numbering restarts at each reset
+            run_sync(km.start_kernel)(cwd=str(page.cwd), extra_arguments=["--HistoryManager.enabled=False"])
+            self.km = km
+            self._run(_SETUP)
+        from weknora_nb.reports.notebook import code_version
+
+        cache = None if page.cache is None else str(page.cache)
+        self._run(_RESET.format(cwd=str(page.cwd), cache=cache, code=code_version() if cache else None))
+
+    def _run(self, code: str) -> None:
+        """Execute ``code`` in the kernel silently (no output, no history, no execution count)."""
+        from jupyter_core.utils import run_sync
+
+        async def execute() -> dict[str, Any]:
+            kc = self.km.client()
+            kc.start_channels()
+            await kc.wait_for_ready(timeout=60)
+            reply: dict[str, Any] = await kc.execute_interactive(code, silent=True, store_history=False,
+                                                                 timeout=120, output_hook=lambda msg: None)
+            return reply
+
+        try:
+            content = run_sync(execute)()["content"]
+        finally:
+            self.km.stop_clients()
+        if content["status"] != "ok":
+            raise RuntimeError(f"the kernel could not be prepared: {content.get('ename')}: {content.get('evalue')}")
+
+    def _after(self) -> None:
+        """After a notebook: its clients' channels closed; a kernel that died dropped."""
+        from jupyter_core.utils import run_sync
+
+        if self.km is None:
+            return
+        self.km.stop_clients()
+        if not run_sync(self.km.is_alive)():
+            self._drop()
+
+    def _drop(self) -> None:
+        from jupyter_core.utils import run_sync
+
+        km, self.km = self.km, None
+        run_sync(km.cleanup_resources)()
+
+    def close(self) -> None:
+        """Shut the kernel down as papermill does after a notebook (a shutdown request, a kill after a grace time)."""
+        from jupyter_core.utils import run_sync
+
+        km, self.km = self.km, None
+        if km is None:
+            return
+        try:
+            run_sync(km.shutdown_kernel)(now=False)
+        except Exception as exc:  # noqa: BLE001 - the pages are written: a kernel that will not stop is killed
+            log.debug("kernel shutdown failed (%s): killed", exc)
+            _kill(km)
+
+    def kill(self) -> None:
+        """Kill the kernel's process now (from another thread: Ctrl-C); its thread then ends."""
+        _kill(self.km)
+
+
+def _kill(km: Any) -> None:
+    """Kill the process of ``km``'s kernel, if it has one."""
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    if process is not None:
+        process.kill()
 
 
 def notebooks_dir() -> Path:
@@ -188,7 +396,7 @@ def cjk_font_css(text: str) -> str:
 def _embed_font(pages: list[Path]) -> None:
     """Add one shared CJK font subset (the characters of all ``pages``) to each page's head."""
     texts = [p.read_text(encoding="utf-8") for p in pages]
-    css = cjk_font_css("".join(texts))
+    css = cjk_font_css("".join(set("".join(texts))))  # each character once: the pages are megabytes of it
     if not css:
         return
     for p, t in zip(pages, texts, strict=True):
@@ -229,76 +437,236 @@ def notebooks_for(run_dir: str | Path, notebooks: Iterable[str] = NOTEBOOKS) -> 
     return [n for n in notebooks if n not in NEEDS or (Path(run_dir) / NEEDS[n]).is_file()]
 
 
+@dataclass(frozen=True)
+class ReportRequest:
+    """One report to render (:func:`render_reports`): the arguments of :func:`render_report`."""
+
+    run_dir: str | Path
+    baselines: Sequence[str | Path] = ()
+    out_root: str | Path | None = None
+    no_input: bool = False
+    notebooks: Sequence[str] = NOTEBOOKS
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass
+class _Page:
+    """One notebook of one report, to execute: where it runs and is written, and what came of it."""
+
+    notebook: str
+    source: Any  # the NotebookNode, cells tagged for the other case left out
+    declared: dict[str, Any]
+    executed: Path
+    html: Path
+    cwd: Path
+    no_input: bool
+    cache: Path | None
+    cost: float
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+@dataclass
+class _Plan:
+    """A report checked and laid out before anything runs."""
+
+    report: Report
+    run_dir: Path
+    baselines: list[Path]
+    params: dict[str, Any]
+    cache: Path | None
+    pages: list[_Page]
+
+
+#: roughly how long each notebook takes on the demo (s, beyond the kernel): the longest start first
+_COST = {"01_collect": 1.0, "02_metrics": 2.5, "03_stratify": 1.2, "04_degraded": 8.0, "05_compare": 2.0,
+         "06_answers": 2.2}
+_COMPARE_COST = 9.5  # 05_compare given baselines
+
+
+def default_jobs(pages: int) -> int:
+    """How many notebooks run at once by default: one per core (``os.cpu_count()``), at most
+    :data:`MAX_DEFAULT_JOBS` (each kernel holds a run in memory) and at most ``pages``."""
+    return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_JOBS, pages))
+
+
+def _plan(req: ReportRequest, *, cache: bool) -> _Plan:
+    """Check one request (notebook names, the report folder) and lay out its pages; the folder is made."""
+    from weknora_nb.reports.notebook import usable_cache
+
+    notebooks = list(req.notebooks)
+    unknown = [nb for nb in notebooks if nb not in NOTEBOOKS]
+    if unknown:
+        raise UsageError(argument="notebooks", allowed=NOTEBOOKS, got=unknown)
+    run_dir = Path(req.run_dir).resolve()
+    bases = [Path(b).resolve() for b in req.baselines]
+    name = str(read_manifest(run_dir).get("run_name") or run_dir.name)
+    out_root = Path(req.out_root or run_dir.parent.parent / "reports").resolve()
+    folder = _report_folder(out_root, name, run_dir / MANIFEST)
+    with writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+    params = {"run_dir": str(run_dir), "baseline_dirs": [str(b) for b in bases], "interactive": False,
+              **(req.parameters or {})}
+    store = out_root / CACHE_FOLDER if cache else None
+    if store is not None and not usable_cache(store):  # said here once, not in every notebook
+        store = None
+    pages = []
+    for nb in notebooks_for(run_dir, notebooks):
+        source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
+        cost = _COMPARE_COST if nb == "05_compare" and bases else _COST.get(nb, 1.0)
+        pages.append(_Page(nb, source, declared, folder / f"{nb}.ipynb", folder / f"{nb}.html", run_dir.parent,
+                           req.no_input, store, cost))
+    return _Plan(Report(name, folder, folder / "index.html"), run_dir, bases, params, store, pages)
+
+
 def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,
                   no_input: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
-                  parameters: dict[str, Any] | None = None) -> Report:
+                  parameters: dict[str, Any] | None = None, jobs: int | None = None, cache: bool = True) -> Report:
     """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports.
 
     ``parameters`` (e.g. ``stage``, ``metrics``, ``domain_adjustment``) go to the notebooks
     that declare them and to the index's headline figures. ``notebooks``: names from
     :data:`NOTEBOOKS`. The report goes to ``out_root/<run name>`` (:class:`RunFolderError` when
-    the run's name would put it anywhere else).
+    the run's name would put it anywhere else). ``jobs``: notebooks executed at once (default
+    :func:`default_jobs`; 1: one after another); ``cache``: keep what the notebooks compute in
+    ``out_root/.cache`` (:mod:`weknora_nb.reports.notebook`, "the render cache") and reuse it.
     """
-    import papermill as pm
+    req = ReportRequest(run_dir, tuple(baselines), out_root, no_input, tuple(notebooks), parameters)
+    return render_reports([req], jobs=jobs, kernel=kernel, cache=cache)[0]
 
-    notebooks = list(notebooks)
-    unknown = [nb for nb in notebooks if nb not in NOTEBOOKS]
-    if unknown:
-        raise UsageError(argument="notebooks", allowed=NOTEBOOKS, got=unknown)
-    run_dir = Path(run_dir).resolve()
-    bases = [Path(b).resolve() for b in baselines]
-    name = str(read_manifest(run_dir).get("run_name") or run_dir.name)
-    out_root = Path(out_root or run_dir.parent.parent / "reports").resolve()
-    folder = _report_folder(out_root, name, run_dir / MANIFEST)
-    with writing(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-    params = {"run_dir": str(run_dir), "baseline_dirs": [str(b) for b in bases], "interactive": False,
-              **(parameters or {})}
-    report = Report(name, folder, folder / "index.html")
-    for nb in notebooks_for(run_dir, notebooks):
-        dst = folder / f"{nb}.ipynb"
-        page = folder / f"{nb}.html"
-        source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
-        t0 = time.perf_counter()
+
+def render_reports(requests: Sequence[ReportRequest], *, jobs: int | None = None, kernel: str = "python3",
+                   cache: bool = True) -> list[Report]:
+    """Render several reports (each as :func:`render_report` does), their notebooks ``jobs`` at a time.
+
+    Every request is checked before any notebook runs. The notebooks of all reports share the
+    ``jobs`` kernels (each kept for the notebooks it runs, reset between them: see
+    :class:`_Kernel`), the longest first, while this thread computes the index pages' headline
+    figures; reports, their pages and their order are the same whatever ``jobs`` is. When a
+    notebook fails no other one starts: those running finish, and the :class:`ReportError` of the
+    first failed page (in the order of ``requests`` and :data:`NOTEBOOKS`) is raised, its partial
+    notebook and HTML written. Then each report's index page, and one CJK font subset for the
+    characters of every page, embedded in each.
+    """
+    plans = [_plan(r, cache=cache) for r in requests]
+    pages = [p for plan in plans for p in plan.pages]
+    _import_before_threads()
+    pool = _Pool(pages, jobs or default_jobs(len(pages)), kernel)
+    try:
+        heads = [_headline_of(plan) for plan in plans]
+        pool.join()
+    except BaseException:
+        pool.stop()
+        raise
+    failed = next((p.error for p in pages if p.error is not None), None)
+    if failed is not None:
+        raise failed
+    for plan, head in zip(plans, heads, strict=True):
+        if isinstance(head, Exception):
+            raise head
+        report = plan.report
+        report.headline = head
+        for page in plan.pages:
+            report.pages[page.notebook] = page.html
+            report.seconds[page.notebook] = page.seconds
+        write_index(report)
+    _embed_font([path for plan in plans for path in [*plan.report.pages.values(), plan.report.index]])
+    return [plan.report for plan in plans]
+
+
+def _import_before_threads() -> None:
+    """Import what the threads of a :class:`_Pool` and the headline figures use, in this thread first:
+    two threads importing one package at once can fail (``KeyError: 'IPython'`` in importlib)."""
+    import IPython.paths  # noqa: F401
+    import jupyter_client.manager  # noqa: F401
+    import jupyter_core.utils  # noqa: F401
+    import nbconvert  # noqa: F401
+    import papermill  # noqa: F401
+
+    import weknora_nb.analysis.compare  # noqa: F401
+    import weknora_nb.reports.notebook  # noqa: F401
+    import weknora_nb.reports.tables  # noqa: F401
+
+
+def _headline_of(plan: _Plan) -> dict[str, Any] | Exception:
+    """:func:`headline` of a planned report, or what it raised (raised after the notebooks' errors)."""
+    params = plan.params
+    try:
+        return headline(plan.run_dir, plan.baselines, stage=params.get("stage"), metrics=params.get("metrics"),
+                        domain_adjustment=params.get("domain_adjustment") or 0.0, cache=plan.cache)
+    except Exception as exc:  # noqa: BLE001 - a notebook's failure says more, and is raised first
+        return exc
+
+
+class _Pool:
+    """Threads that execute ``pages``, each with its :class:`_Kernel`, the most costly first; each page
+    gets its ``seconds`` or its ``error``. After the first error no page starts."""
+
+    def __init__(self, pages: list[_Page], jobs: int, kernel: str):
+        self.pages = pages
+        self.queue = sorted(pages, key=lambda p: -p.cost)  # stable: equal costs keep the report order
+        self.lock = threading.Lock()
+        self.kernels = [_Kernel(kernel) for _ in range(min(jobs, len(pages)))]
+        self.threads = [threading.Thread(target=self._work, args=(k,), name=f"weknora-nb-render-{i}", daemon=True)
+                        for i, k in enumerate(self.kernels)]
+        for t in self.threads:
+            t.start()
+
+    def _next(self) -> _Page | None:
+        with self.lock:
+            if not self.queue or any(p.error is not None for p in self.pages):
+                return None
+            return self.queue.pop(0)
+
+    def _work(self, k: _Kernel) -> None:
         try:
-            pm.execute_notebook(source, _literal(dst), parameters=declared, kernel_name=kernel, progress_bar=False,
-                                log_output=False, cwd=str(run_dir.parent),
-                                kernel_manager_class=_kernel_manager_class())
-        except pm.PapermillExecutionError as exc:
-            _to_html(dst, page, no_input=False)
-            _embed_font([page])
-            raise ReportError(nb, *_failed_cell(dst), exc.ename, str(exc.evalue)[:300], page) from exc
-        _to_html(dst, page, no_input=no_input)
-        report.pages[nb] = page
-        report.seconds[nb] = time.perf_counter() - t0
-        log.info("rendered %s (%.1f s)", page, report.seconds[nb])
-    report.headline = headline(run_dir, bases, stage=params.get("stage"), metrics=params.get("metrics"),
-                               domain_adjustment=params.get("domain_adjustment") or 0.0)
-    write_index(report)
-    _embed_font([*report.pages.values(), report.index])
-    return report
+            while (page := self._next()) is not None:
+                try:
+                    page.seconds = k.render(page)
+                    log.info("rendered %s (%.1f s)", page.html, page.seconds)
+                except BaseException as exc:  # noqa: BLE001 - kept on the page, raised by render_reports
+                    page.error = exc
+        finally:
+            k.close()
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join()
+
+    def stop(self) -> None:
+        """No page starts any more and the kernels are killed (Ctrl-C): the threads end soon after."""
+        with self.lock:
+            self.queue.clear()
+        for k in self.kernels:
+            k.kill()
 
 
 def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
-             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0) -> dict[str, Any]:
+             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0,
+             cache: Path | None = None) -> dict[str, Any]:
     """The figures an index page shows: the focus stage's means and tiers, counts, warnings, and the
     headline metric's delta to the first baseline (95 % CI, p after Holm).
 
     The focus stage is :func:`weknora_nb.reports.tables.report_stage` of ``stage``; the tiers
     follow ``domain_adjustment``. ``failed``: a sentence for each stage whose every request
-    failed (such a focus stage has no figure and no comparison).
+    failed (such a focus stage has no figure and no comparison). ``cache``: the render cache
+    folder, where the runs loaded and scored by the notebooks are found (None: load them).
     """
-    from weknora_nb.analysis.compare import compare_runs
+    from weknora_nb.reports.notebook import cached_run
     from weknora_nb.reports.tables import failure_lines, report_stage
 
-    run = load_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment)
+    metrics = None if metrics is None else list(metrics)
+    run = cached_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment, folder=cache)
     stage = report_stage(run, stage)
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
                            "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
                            "failed": failure_lines(run.scores), "baselines": len(baselines)}
     if baselines and stage in run.scores.stages:
-        cmp = compare_runs([*baselines, run_dir], stage=stage, metrics=metrics, resamples=2000)
+        from weknora_nb.analysis.compare import compare_runs
+
+        runs = [cached_run(p, metrics=metrics, folder=cache) for p in [*baselines, run_dir]]
+        cmp = compare_runs(runs, stage=stage, metrics=metrics, resamples=2000)
         row = cmp.metrics[cmp.metrics["run"] == run.name].set_index("metric")
         if HEADLINE_METRIC in row.index:
             r = row.loc[HEADLINE_METRIC]

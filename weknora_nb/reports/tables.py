@@ -111,7 +111,8 @@ def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
     for c in dd["causes"]:
         parts.append(f"<p><b>{esc(c['stage'])}</b>: {esc(', '.join(c['causes']) or 'no cause found')}"
                      f"</p>{safe.bullets(c['evidence'])}")
-    lab = dd["labels"][["chunk_id", "grade", "content"]].assign(content=lambda d: d["content"].map(clip))
+    shown = [c for c in ("chunk_id", "grade", "integrity", "content") if c in dd["labels"].columns]  # integrity: wn
+    lab = dd["labels"][shown].assign(content=lambda d: d["content"].map(clip))
     parts.append("<p><b>Labelled chunks</b></p>" + html_table(lab))
     for stage, top in dd["returned"].items():
         t = top[["rank", "chunk_id", "grade", "score", "content"]].assign(content=lambda d: d["content"].map(clip))

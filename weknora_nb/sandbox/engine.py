@@ -40,7 +40,6 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -316,26 +315,65 @@ def load_versions(path: str | Path) -> dict[str, VersionConfig]:
 # embeddings
 # ---------------------------------------------------------------------------------------
 class Embedder:
-    """A text embedding model with L2-normalised outputs and a disk cache for passages."""
+    """A text embedding model with L2-normalised outputs and disk caches for passages and queries.
+
+    Query embeddings are memoised in memory, seeded from ``queries-<model>.npz`` of the seed folder and the
+    cache folder (the demo ships its test sets' queries: a model call costs ~0.2 s a query on 2 cores, the
+    demo's 348 queries 70 s); :meth:`queries` embeds a batch at once and adds it to the disk cache.
+    """
 
     name: str = ""
+    #: queries kept in memory (the oldest are forgotten beyond it)
+    MAX_QUERIES = 100_000
 
     def __init__(self, cache_dir: Path | None = None, seed_dir: Path | None = None):
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir
         self._lock = threading.Lock()
-        self._query = lru_cache(maxsize=4096)(self._embed_query)
+        self._known: dict[str, np.ndarray] | None = None
 
     def _embed_query(self, text: str) -> np.ndarray:
         raise NotImplementedError
 
+    def _embed_queries(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self._embed_query(t) for t in texts])
+
     def _embed_passages(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError
 
+    def _queries_known(self) -> dict[str, np.ndarray]:
+        """The query embeddings in memory, loaded on first use from the seed and the cache folder (lock held)."""
+        if self._known is None:
+            self._known = {}
+            for folder in (self.seed_dir, self.cache_dir):
+                if folder is not None:
+                    self._known.update(self._load_cache(folder / f"queries-{self.name}.npz"))
+        return self._known
+
     def query(self, text: str) -> np.ndarray:
-        """Embedding of one query (memoised)."""
+        """Embedding of one query (memoised; seeded from the query caches)."""
+        key = self.key(text)
         with self._lock:
-            return self._query(text)
+            known = self._queries_known()
+            if key not in known:
+                if len(known) >= self.MAX_QUERIES:
+                    del known[next(iter(known))]
+                known[key] = np.asarray(self._embed_query(text), dtype=np.float32)
+            return known[key]
+
+    def queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of queries: the unknown ones in one batch, then written to the cache folder's query cache."""
+        keys = [self.key(t) for t in texts]
+        with self._lock:
+            known = self._queries_known()
+            missing = list(dict.fromkeys(t for t, k in zip(texts, keys, strict=True) if k not in known))
+            if missing:
+                log.info("%s: embedding %d queries", self.name, len(missing))
+                for t, v in zip(missing, self._embed_queries(missing), strict=True):
+                    known[self.key(t)] = np.asarray(v, dtype=np.float32)
+                if self.cache_dir is not None:
+                    self._save_cache(known, self.cache_dir / f"queries-{self.name}.npz")
+            return np.stack([known[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
 
     def passages(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Embeddings of passages; cached ones are read, the rest computed and added to the cache."""
@@ -374,10 +412,11 @@ class Embedder:
     def _cache_file(self) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / f"embeddings-{self.name}.npz"
 
-    def write_seed(self, texts: Sequence[str], folder: Path) -> Path:
-        """Write the embeddings of exactly ``texts`` to ``folder`` (the read-only seed shipped with data)."""
-        vecs = self.passages(texts)
-        f = folder / f"embeddings-{self.name}.npz"
+    def write_seed(self, texts: Sequence[str], folder: Path, *, queries: bool = False) -> Path:
+        """Write the embeddings of exactly ``texts`` (passages, or ``queries``) to ``folder`` (the read-only seed
+        shipped with data)."""
+        vecs = self.queries(texts) if queries else self.passages(texts)
+        f = folder / f"{'queries' if queries else 'embeddings'}-{self.name}.npz"
         with atomic_path(f) as tmp:
             np.savez_compressed(tmp, keys=np.array([self.key(t) for t in texts], dtype="U64"),
                                 vecs=vecs.astype(np.float32))
@@ -393,8 +432,8 @@ class Embedder:
             log.warning("ignoring unreadable embedding cache %s: %s", f, exc)
             return {}
 
-    def _save_cache(self, cache: dict[str, np.ndarray]) -> None:
-        f = self._cache_file()
+    def _save_cache(self, cache: dict[str, np.ndarray], f: Path | None = None) -> None:
+        f = f or self._cache_file()
         if f is None or not cache:
             return
         keys = np.array(list(cache), dtype="U64")
@@ -421,6 +460,9 @@ class UseEmbedder(Embedder):
     def _embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self._model.encode([text])[0], dtype=np.float32)
 
+    def _embed_queries(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(self._model.encode(list(texts)), dtype=np.float32)
+
     def _embed_passages(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._model.encode(list(texts)), dtype=np.float32)
 
@@ -442,6 +484,9 @@ class E5Embedder(Embedder):
 
     def _embed_query(self, text: str) -> np.ndarray:
         return np.asarray(self._model.query(text), dtype=np.float32)
+
+    def _embed_queries(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(self._model.query(list(texts)), dtype=np.float32)
 
     def _embed_passages(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._model.passage(list(texts)), dtype=np.float32)
@@ -630,12 +675,17 @@ class SandboxIndex:
             if self.chunks:
                 self.passage_tokens(0)  # MMR's token sets
 
-    def write_seed(self, folder: Path) -> list[Path]:
-        """Write, per embedding model used so far, exactly the texts it embedded (the seed shipped with data)."""
+    def write_seed(self, folder: Path, queries: Sequence[str] = ()) -> list[Path]:
+        """Write, per embedding model used so far, exactly the texts it embedded, and the embeddings of
+        ``queries`` (the data folder's test sets): the seed shipped with data."""
         texts: dict[str, dict[str, None]] = {}
         for model, role in self._vectors:
             texts.setdefault(model, {}).update(dict.fromkeys(self._texts[role]))
-        return [self.embedder(model).write_seed(list(t), folder) for model, t in sorted(texts.items())]
+        out = [self.embedder(model).write_seed(list(t), folder) for model, t in sorted(texts.items())]
+        if queries:
+            out += [self.embedder(model).write_seed(list(dict.fromkeys(queries)), folder, queries=True)
+                    for model in sorted(texts)]
+        return out
 
 
 def _z(x: np.ndarray) -> np.ndarray:

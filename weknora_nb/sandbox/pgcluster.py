@@ -121,6 +121,16 @@ class PgCluster:
             db.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
             db.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
 
+    def drop_role(self, dbname: str, role: str) -> None:
+        """Drop a role made by :meth:`ensure_reader` for ``dbname`` (its grants first; nothing if it is gone)."""
+        from psycopg import sql
+
+        with self.connect(dbname) as db:
+            if db.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+                return
+            db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
     # -- internals -----------------------------------------------------------------------
     def _is_built(self, admin: Any, name: str) -> bool:
         if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:

@@ -199,6 +199,7 @@ class SandboxServer:
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._roles: list[tuple[str, str]] = []  # (database, role) of the reader roles handed out
 
     def _defined_version(self, name: str) -> VersionConfig:
         """The version ``name`` of the data folder's ``versions.yaml`` (:class:`UsageError` if not defined)."""
@@ -274,6 +275,9 @@ class SandboxServer:
 
     def stop(self) -> None:
         """Stop serving (waits up to 10 s for the server thread) and release the port."""
+        for dbname, role in self._roles:
+            cluster().drop_role(dbname, role)
+        self._roles.clear()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -290,13 +294,17 @@ class SandboxServer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def reader_dsn(self, password: str, role: str = READER_ROLE) -> str:
-        """A connection string to this version's Postgres database for ``role``, which can only read it (made or
-        given ``password`` now). The password is in the string: hand it over, never write it down."""
+    def reader_dsn(self, password: str, role: str | None = None) -> str:
+        """A connection string to this version's Postgres database for a role that can only read it, made now with
+        ``password`` (default name: ``weknora_nb_reader_<8 hex>``, one per call, so that servers running at once
+        do not change each other's passwords; dropped by :meth:`stop`). The password is in the string: hand it
+        over, never write it down."""
         if self.sandbox is None:
             raise SandboxError("the sandbox server is not started")
         store = self.sandbox.engine.vectors
+        role = role or f"{READER_ROLE}_{secrets.token_hex(4)}"
         cluster().ensure_reader(store.dbname, role, password)
+        self._roles.append((store.dbname, role))
         return store.dsn(user=role, password=password)
 
     @property

@@ -1,0 +1,218 @@
+"""The vector-store trace (weknora_nb.collect.vectortrace) against a real Postgres + pgvector: an HNSW index with
+a tiny m / ef_construction misses chunks exact search finds (index_miss), a far chunk is an embedding_miss, and
+with the index disabled the recall against exact search is 1.0. Queries are embedded by a real loopback HTTP
+server returning fixed vectors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings, embed_texts, trace_queries
+from weknora_nb.core.errors import AuthFailed, ProtocolFailed
+from weknora_nb.core.testset import TestSet
+
+pytest.importorskip("psycopg")
+pgcluster = pytest.importorskip("weknora_nb.sandbox.pgcluster")
+
+SCHEMA = Path(__file__).resolve().parents[1] / "weknora_nb" / "sandbox" / "weknora_schema.sql"
+N, DIM, M, EF_CONSTRUCTION = 3000, 32, 2, 4  # a graph this sparse misses most neighbours (measured: ~70% at K=10)
+DB = "wknb_test_vectortrace_v1"
+PASSWORD = "vt-reader-pw-6d1f"
+KEY = "sk-test-embeddings-key-93a1"
+ROWS = np.random.default_rng(7).normal(size=(N, DIM)).astype(np.float16)
+QUERIES = np.random.default_rng(8).normal(size=(12, DIM))
+
+
+def _vec(v: np.ndarray) -> str:
+    return "[" + ",".join(repr(float(x)) for x in v) + "]"
+
+
+def _build(db: Any) -> None:
+    db.execute(SCHEMA.read_text(encoding="utf-8"))
+    with db.cursor().copy("COPY embeddings (source_id, source_type, chunk_id, knowledge_id, knowledge_base_id,"
+                          " content, dimension, embedding) FROM STDIN") as copy:
+        for i, v in enumerate(ROWS):
+            copy.write_row((f"c{i}", 0, f"c{i}", "k1", "kb-t", "x", DIM, _vec(v)))
+    db.execute(f"CREATE INDEX embeddings_embedding_idx_{DIM} ON embeddings USING hnsw ((embedding::halfvec({DIM}))"
+               f" halfvec_cosine_ops) WITH (m = {M}, ef_construction = {EF_CONSTRUCTION}) WHERE (dimension = {DIM})")
+    db.execute("ANALYZE")
+
+
+class _Embeddings(BaseHTTPRequestHandler):
+    vectors: dict[str, list[float]] = {}
+    seen_keys: list[str] = []
+    status = 200
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen_keys.append(self.headers.get("Authorization", ""))
+        if type(self).status != 200:
+            payload = {"error": {"message": "bad key", "type": "auth"}}
+        else:  # in reverse order, with their index: the client must put them back in order
+            data = [{"index": i, "embedding": self.vectors[t]} for i, t in enumerate(body["input"])]
+            payload = {"object": "list", "model": body["model"], "data": data[::-1]}
+        raw = json.dumps(payload).encode()
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Embeddings)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def dsn() -> str:
+    cluster = pgcluster.cluster()
+    cluster.ensure_database(DB, _build)
+    cluster.ensure_reader(DB, "wknb_test_vectortrace_reader", PASSWORD)
+    return cluster.dsn(DB, user="wknb_test_vectortrace_reader", password=PASSWORD)
+
+
+def _exact(q: np.ndarray) -> np.ndarray:
+    """Row numbers by cosine distance to ``q`` (numpy, over the halfvec values): the truth, independent of SQL."""
+    x = ROWS.astype(np.float64)
+    qh = q.astype(np.float16).astype(np.float64)
+    return np.argsort(1 - (x @ qh) / (np.linalg.norm(x, axis=1) * np.linalg.norm(qh)), kind="stable")
+
+
+def _indexed_top10(dsn: str, q: np.ndarray) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as db, db.transaction():
+        db.execute("SET LOCAL hnsw.ef_search = 100")
+        db.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+        rows = db.execute(f"SELECT chunk_id FROM embeddings WHERE dimension = {DIM} ORDER BY embedding::halfvec({DIM})"
+                          f" <=> %s::halfvec({DIM}) LIMIT 100", (_vec(q),)).fetchall()
+    return [r[0] for r in rows[:10]]
+
+
+@pytest.fixture(scope="module")
+def testset(dsn, server) -> list[dict[str, Any]]:
+    """Per query: a chunk the index finds (when there is one), one it misses that exact search ranks in its top
+    10, and the farthest chunk of all."""
+    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
+    records = []
+    for i, q in enumerate(QUERIES):
+        order = [f"c{j}" for j in _exact(q)]
+        indexed = _indexed_top10(dsn, q)
+        relevant = {c: 2 for c in order[:10] if c not in indexed}  # index misses
+        relevant.update({c: 1 for c in order[:10] if c in indexed})  # hits
+        relevant[order[-1]] = 3  # the farthest: an embedding miss
+        records.append({"query_id": f"q{i}", "query": f"query {i}", "relevant": relevant})
+    return records
+
+
+@pytest.fixture(scope="module")
+def trace(dsn, server, testset, monkeypatch_module):
+    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    return trace_queries(dsn, ["kb-t"], testset, EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def test_index_misses_embedding_misses_and_hits_are_told_apart(trace, testset):
+    at10 = trace.chunks[trace.chunks["k"] == 10].set_index(["query_id", "chunk_id"])
+    expected = {(r["query_id"], c): {1: "hit", 2: "index_miss", 3: "embedding_miss"}[g]
+                for r in testset for c, g in r["relevant"].items()}
+    assert {key: at10.loc[key, "status"] for key in expected} == expected
+    assert sum(s == "index_miss" for s in expected.values()) > 0  # the sparse graph missed some
+    far = at10[at10["status"] == "embedding_miss"]
+    assert far["has_vector"].all() and (far["exact_distance"] > 1).all() and far["exact_rank"].isna().all()
+    assert set(trace.chunks["k"]) == {50, 10}  # WeKnora's TopK at match_count 10, and 10
+
+
+def test_recall_against_exact_search_is_below_one_for_the_sparse_index_and_reported_per_ef(trace):
+    summary = trace.summary
+    assert summary["weknora"] == {**summary["weknora"], "top_k": 50, "inner_limit": 100, "ef_search": 100,
+                                  "iterative_scan": "strict_order"}
+    assert 0 < summary["recall"]["10"] < 1
+    sweep = {row["ef_search"]: row["recall"]["10"] for row in summary["sweep"]}
+    assert set(sweep) == {10, 40, 100, 400} and sweep[400] >= sweep[10]
+    counts = summary["status_counts"]["10"]
+    assert summary["index_miss_share"]["10"] == counts["index_miss"] / (counts["index_miss"] + counts["embedding_miss"])
+    per_query = trace.queries[(trace.queries["weknora"]) & (trace.queries["k"] == 10)]
+    assert len(per_query) == len(QUERIES) and abs(per_query["recall"].mean() - summary["recall"]["10"]) < 1e-12
+    # 3,000 rows: the planner uses the index, so WeKnora's query as planned is the index's search
+    assert summary["planner_uses_index"] == {str(DIM): True}
+    assert trace.chunks["status"].tolist() == trace.chunks["status_index"].tolist()
+    assert summary["recall_as_planned"] == summary["recall"]
+
+
+def test_with_index_scans_off_weknoras_query_is_exact_and_the_forced_index_still_misses(dsn, server, testset,
+                                                                             monkeypatch_module):
+    cluster = pgcluster.cluster()
+    role = "wknb_test_vectortrace_noindex"
+    cluster.ensure_reader(DB, role, PASSWORD)
+    with cluster.connect() as admin:
+        admin.execute(f"ALTER ROLE {role} SET enable_indexscan = off")
+    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    result = trace_queries(cluster.dsn(DB, user=role, password=PASSWORD), ["kb-t"], TestSet.from_records(testset),
+                           EmbeddingSettings(server, "fixed"), ef_sweep=(10,))
+    # WeKnora's query as planned is then an exact search: what it returns is what exact search returns
+    assert result.summary["planner_uses_index"] == {str(DIM): False}
+    assert result.summary["recall_as_planned"] == {"50": 1.0, "10": 1.0}
+    assert "index_miss" not in set(result.chunks["status"])
+    # through the index (forced), the sparse graph still misses what it missed with the index in use
+    assert result.summary["recall"]["10"] < 1 and "index_miss" in set(result.chunks["status_index"])
+    assert result.summary["warnings"] == []
+
+
+def test_queries_of_another_dimension_than_the_rows_are_warned_about(dsn, server, monkeypatch_module):
+    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    _Embeddings.vectors = {"short": [1.0] * 8}
+    result = trace_queries(dsn, ["kb-t"], [{"query_id": "s", "query": "short", "relevant": {"c1": 1}}],
+                           EmbeddingSettings(server, "other-model"), ef_sweep=())
+    assert result.chunks["status"].eq("embedding_miss").all() and not result.chunks["has_vector"].any()
+    assert "1 queries found no enabled row of their dimension [8]" in result.summary["warnings"][0]
+
+
+def test_the_trace_is_written_and_holds_no_secret(trace, tmp_path):
+    paths = trace.write(tmp_path / "trace")
+    assert pd.read_parquet(paths["chunks"]).shape == trace.chunks.shape
+    assert json.loads(paths["summary"].read_text(encoding="utf-8"))["queries"] == len(QUERIES)
+    for p in paths.values():
+        raw = p.read_bytes()
+        assert KEY.encode() not in raw and PASSWORD.encode() not in raw
+    assert f"Bearer {KEY}" in _Embeddings.seen_keys  # the key went to the server, and only there
+
+
+def test_embedding_failures_are_request_failures_without_the_key(server, monkeypatch):
+    monkeypatch.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    _Embeddings.vectors = {"a": [1.0, 0.0], "b": [0.0, 1.0]}
+    assert embed_texts(EmbeddingSettings(server, "fixed", batch_size=1), ["b", "a"]) == [[0.0, 1.0], [1.0, 0.0]]
+    _Embeddings.status = 401
+    try:
+        with pytest.raises(AuthFailed, match=EMBEDDINGS_API_KEY_ENV) as refused:
+            embed_texts(EmbeddingSettings(server, "fixed"), ["a"])
+    finally:
+        _Embeddings.status = 200
+    assert KEY not in str(refused.value)
+    _Embeddings.vectors = {"a": []}
+    with pytest.raises(ProtocolFailed):
+        embed_texts(EmbeddingSettings(server, "fixed"), ["a"])
