@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# pytest on every core: the tests that share a module's fixtures run on one worker, the longest first
+# pytest on every core: a test file's tests run on one worker (they share its fixtures), the longest files first
 # (tests/conftest.py); benchmarks/bench_suite.py runs pytest with these options too
-PYTEST_OPTS := -n auto --dist loadgroup --no-loadscope-reorder
+PYTEST_OPTS := -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test test-fast lint lab bench clean wheel-demo
 
@@ -30,12 +30,12 @@ demo: $(VENV)/.runtime
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_OPTS)
 
-# everything but the slow end-to-end tests (notebooks rendered, the wheel's demo)
+# everything but the slow tests (notebooks rendered, whole sandbox collections, large knowledge bases, the demos)
 test-fast: $(VENV)/.testtools
 	$(BIN)/python -m pytest $(PYTEST_OPTS) -m "not slow"
 
 lint: $(VENV)/.testtools
-	$(BIN)/ruff check weknora_nb
+	$(BIN)/ruff check weknora_nb tests benchmarks
 	$(BIN)/mypy
 
 lab: $(VENV)/.runtime

@@ -84,7 +84,8 @@ def main() -> None:
                 if version == "rerank":
                     lines.append(f"- serving the full test set once ({len(ts)} queries) at stage final of "
                                  f"'rerank', 8 in flight: {secs:.1f} s")
-                runs[version] = score(ts, read_results(out / "results.parquet"), ["recall@10", "ndcg@5", "hit@5", "mrr@20"])
+                runs[version] = score(ts, read_results(out / "results.parquet"),
+                                      ["recall@10", "ndcg@5", "hit@5", "mrr@20"])
     base, rr = runs["baseline"].summary_wide(), runs["rerank"].summary_wide()
     table = ["| stage | recall@10 | ndcg@5 | hit@5 | mrr@20 |", "|---|---|---|---|---|"]
     for stage in ("vector", "keyword", "hybrid", "final"):

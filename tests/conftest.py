@@ -1,6 +1,15 @@
-"""Shared helpers for the test suite."""
+"""Shared helpers and fixtures of the test suite, and how it runs in parallel (pytest-xdist)."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -34,45 +43,144 @@ def worked_testset():
     ])
 
 
-# -- running in parallel (pytest-xdist; the Makefile runs `pytest -n auto --dist loadgroup --no-loadscope-reorder`) --
-#: the two longest tests (each runs a whole demo in a subprocess): started first, so that no worker is left
-#: running one of them alone at the end
+@pytest.fixture(scope="session")
+def embedding_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One embedding cache folder for the sandboxes of the whole run (``SandboxServer(cache_dir=...)``), shared by
+    the xdist workers: each model embeds a passage or query once per run, not once per test module. Entries are
+    keyed by model and text, and written atomically (a worker may drop another's entries: they are computed
+    again, never read torn)."""
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        root = root.parent  # the run's folder, above each worker's popen-gwN
+    folder = root / "embedding-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+# -- the demo, run once by the wheel built from the sources (tests/test_wheel.py, tests/test_reports.py) --------------
+ROOT = Path(__file__).resolve().parents[1]
+#: what a wheel is built from; copied first, because setuptools builds in the source tree
+#: (a stale ``build/`` of the checkout would leak into the wheel, and the checkout stays untouched)
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "weknora_nb")
+#: the demo run from the wheel: its first 40 queries (every version, every stage, judging, the integrity checks,
+#: every notebook), 2 repeats, into ``--out``. The full demo (every query, default options) runs in CI after
+#: `make test`, from a wheel too (`make wheel-demo`: .ci/wheel-demo checks the same things of its pages)
+DEMO_LIMIT, DEMO_REPEATS = 40, 2
+
+
+@dataclass
+class WheelDemo:
+    """The wheel, where it was installed (``site``, on ``PYTHONPATH`` in ``env``), the empty folder the demo ran
+    in (``work``), its ``--out`` folder, and the two processes run there: ``where`` (which ``weknora_nb`` is
+    imported) and ``demo``."""
+
+    wheel: Path
+    shipped: set[str]
+    site: Path
+    work: Path
+    out: Path
+    env: dict[str, str]
+    where: subprocess.CompletedProcess
+    demo: subprocess.CompletedProcess
+
+
+def _build_wheel(tmp: Path) -> Path:
+    src, dist = tmp / "src", tmp / "dist"
+    src.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(src)],
+                   check=True, capture_output=True, text=True)
+    (wheel,) = dist.glob("weknora_nb-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def demo_from_wheel(tmp_path_factory: pytest.TempPathFactory) -> WheelDemo:
+    """The wheel built from the sources, installed outside the checkout (``--target``: the checkout's editable
+    install stays in the venv and provides the dependencies), ``weknora-nb demo`` run by it in an empty folder
+    with no ``WEKNORA_*`` variable of the caller's (once a session: both tests that need a demo read this one)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    wheel = _build_wheel(tmp)
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True, text=True)
+    work = tmp / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEKNORA_")}
+    env.update(PYTHONPATH=str(site), WEKNORA_NB_CACHE=str(tmp / "cache"), PYTHONIOENCODING="utf-8")
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=1200)
+    where = run(["-c", "import weknora_nb; print(weknora_nb.__file__)"])
+    out = work / "outputs"
+    demo = run(["-m", "weknora_nb", "demo", "--out", str(out), "--limit", str(DEMO_LIMIT),
+                "--repeats", str(DEMO_REPEATS), "--quiet"])
+    return WheelDemo(wheel, set(zipfile.ZipFile(wheel).namelist()), site, work, out, env, where, demo)
+
+
+# -- running in parallel (pytest-xdist: the Makefile runs `pytest -n auto --dist loadfile --no-loadscope-reorder`) -----
+# A test file is one unit of work: its tests run on one worker, so that each module-scoped fixture (sandbox
+# collections, rendered reports) is built once. The units are started longest first (the order the workers
+# collect, see pytest_collection_modifyitems below), so that no long one starts last.
+
+#: the longest unit: the two tests that read the demo run by the wheel (:func:`demo_from_wheel`), run together
+#: (one demo) and started first
 RUN_FIRST = ("tests/test_reports.py::test_the_demo_end_to_end",
              "tests/test_wheel.py::test_wheel_runs_the_demo_in_an_empty_folder")
+#: files that pay the same once-per-process cost, run as one unit (on one worker): ranx's first evaluation
+#: compiles its numba kernels, 10-15 s
+SHARED_UNITS = {"tests/test_export.py": "ranx", "tests/test_metrics_reference.py": "ranx"}
 
 
-def _suite_fixture_scopes(item: pytest.Item) -> set[str]:
-    """The scopes wider than a test of the fixtures this suite defines (in a test module or a conftest) that
-    ``item`` uses."""
+def _unit(nodeid: str) -> str:
+    """The unit of work (run on one worker) of the test ``nodeid``."""
+    if nodeid in RUN_FIRST:
+        return "demo"
+    path = nodeid.split("::", 1)[0]
+    return SHARED_UNITS.get(path, path)
+
+
+def _uses_shared_fixtures(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture of this suite (a test module's or a conftest's) wider than one test."""
     info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return set()
-    return {defs[-1].scope for defs in info.name2fixturedefs.values()
-            if defs and defs[-1].scope != "function" and defs[-1].baseid.startswith("tests")}
+    return info is not None and any(defs and defs[-1].scope != "function" and defs[-1].baseid.startswith("tests")
+                                    for defs in info.name2fixturedefs.values())
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the tests of :data:`RUN_FIRST` a unit of their own and :data:`SHARED_UNITS` joined."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+    return FileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``--dist loadgroup``: the tests of a module that use one of the suite's shared (module or session)
-    fixtures go to one worker together (an ``xdist_group`` named after the module), so that each expensive
-    fixture is built once; the work is ordered longest first (:data:`RUN_FIRST`, other ``slow`` tests, groups
-    holding a ``slow`` test, other groups, then single tests, each in file order), so that no long unit starts
-    last. Without xdist nothing changes."""
-    if config.getoption("dist", "no") != "loadgroup":
+    """On an xdist worker: the tests ordered as units, longest first: :data:`RUN_FIRST`, then the files holding a
+    ``slow`` test, then those with shared fixtures, then the rest (each in file order; a file's tests in theirs).
+    In a run without workers nothing changes."""
+    if not hasattr(config, "workerinput"):
         return
-    group: dict[int, str] = {}
-    for i, item in enumerate(items):
-        if _suite_fixture_scopes(item):
-            group[i] = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group[i]))
-    slow_units = {group.get(i, item.nodeid) for i, item in enumerate(items) if item.get_closest_marker("slow")}
+
+    units = [_unit(item.nodeid) for item in items]
+    slow = {u for u, item in zip(units, items, strict=True) if item.get_closest_marker("slow")}
+    shared = {u for u, item in zip(units, items, strict=True) if _uses_shared_fixtures(item)}
     first_seen: dict[str, int] = {}
-    for i, item in enumerate(items):
-        first_seen.setdefault(group.get(i, item.nodeid), i)
+    for i, u in enumerate(units):
+        first_seen.setdefault(u, i)
 
     def rank(i: int) -> tuple[int, int, int]:
-        unit = group.get(i, items[i].nodeid)
-        grouped, slow = i in group, unit in slow_units
-        kind = 0 if unit in RUN_FIRST else 1 if slow and not grouped else 2 if slow else 3 if grouped else 4
-        return kind, first_seen[unit], i
+        u = units[i]
+        return (0 if u == "demo" else 1 if u in slow else 2 if u in shared else 3), first_seen[u], i
     items[:] = [items[i] for i in sorted(range(len(items)), key=rank)]

@@ -563,8 +563,8 @@ ALL_STAGES = "vector,keyword,hybrid,final,citations"
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(embedding_cache):
+    return embedding_cache
 
 
 @contextlib.contextmanager
@@ -721,6 +721,7 @@ def big_runs(tmp_path_factory, cache, big_corpus) -> dict[str, Path]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C50", "C52", "C53", "C54", "C55")
 @pytest.mark.parametrize("release", ["v0.6.2", "v0.7.2"])
 def test_a_knowledge_of_250_chunks_and_the_faq_chunks_are_inventoried_whole(big_runs, release):
@@ -740,6 +741,7 @@ def test_a_knowledge_of_250_chunks_and_the_faq_chunks_are_inventoried_whole(big_
     assert set(BIG_QUERIES.qrels["chunk_id"]) <= set(inv["chunk_id"])
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C29", "C30", "C57")
 def test_an_unset_tenant_config_shows_weknoras_effective_thresholds(big_runs):
     m = read_manifest(big_runs["v0.7.2"])
@@ -750,6 +752,7 @@ def test_an_unset_tenant_config_shows_weknoras_effective_thresholds(big_runs):
     assert (eff["embedding_top_k"], eff["rerank_top_k"], eff["rerank_threshold_assumed"]) == (50, 10, True)
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C20", "C45", "C46", "C47", "C49")
 def test_a_run_over_a_document_and_an_faq_knowledge_base(big_runs):
     m = read_manifest(big_runs["v0.7.2"])
@@ -759,6 +762,7 @@ def test_a_run_over_a_document_and_an_faq_knowledge_base(big_runs):
     assert m["status"] == "complete"
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C20", "C45", "C46", "C47")
 def test_an_faq_only_run_has_no_keyword_stage(tmp_path, cache, big_corpus):
     with sandbox("v0.7.2", cache, version="faq", data_dir=big_corpus) as sb:

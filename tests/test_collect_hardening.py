@@ -44,9 +44,8 @@ SECRET = "s3cret"
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    with SandboxServer("rerank", data_dir=MINI, cache_dir=cache, api_key=KEY, allow_fault_control=True) as s:
+def sandbox(tmp_path_factory, embedding_cache):
+    with SandboxServer("rerank", data_dir=MINI, cache_dir=embedding_cache, api_key=KEY, allow_fault_control=True) as s:
         # warm it up: its models load on the first search and embed each new query once (about 1 s each
         # here), so a collection slowed down by latency_ms runs as long as the test means it to
         with pytest.MonkeyPatch.context() as mp:

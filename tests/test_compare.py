@@ -28,7 +28,8 @@ N = 240
 
 
 def make_testset(tmp: Path, n: int = N) -> Path:
-    recs = [{"query_id": f"q{i:03d}", "query": ["如何重置密码", "DG-1003 是什么错误", "为什么同步慢", "默认端口是多少"][i % 4],
+    queries = ["如何重置密码", "DG-1003 是什么错误", "为什么同步慢", "默认端口是多少"]
+    recs = [{"query_id": f"q{i:03d}", "query": queries[i % 4],
              "relevant": {f"c{i}a": 3, f"c{i}b": 1}, "query_type": ["procedural", "technical"][i % 2],
              "tags": ["frequent"] if i % 3 else ["vague", "long-tail"]} for i in range(n)]
     recs.append({"query_id": "zz", "query": "无答案", "relevant": {}})
@@ -249,6 +250,7 @@ def sandbox_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sandbox_rerank_gain_is_detected_with_its_interval(sandbox_runs):
     cmp = compare_runs([sandbox_runs["baseline"], sandbox_runs["rerank"]], resamples=2000)
     row = cmp.metrics.set_index("metric").loc["ndcg@5"]
@@ -256,6 +258,7 @@ def test_sandbox_rerank_gain_is_detected_with_its_interval(sandbox_runs):
     assert cmp.single_variable == {"rerank": True}
 
 
+@pytest.mark.slow
 def test_sandbox_single_parameter_version_is_flagged_single_variable(sandbox_runs):
     cmp = compare_runs([sandbox_runs["baseline"], sandbox_runs["hnsw-m4"]], stage="vector", resamples=500)
     assert cmp.single_variable == {"hnsw-m4": True}

@@ -44,8 +44,8 @@ HYBRID = f"/api/v1/knowledge-bases/{KB}/hybrid-search"
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("emb-cache")
+def cache_dir(embedding_cache: Path) -> Path:
+    return embedding_cache
 
 
 @pytest.fixture(scope="module")
@@ -746,6 +746,7 @@ def every_chunk(sb: SandboxServer, kid: str, types: list[str] | None = None, pag
         page += 1
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C52", "C54")
 def test_a_knowledge_of_250_chunks_and_the_faq_chunks_are_all_listed(big):
     sb = big()
@@ -763,6 +764,7 @@ def test_a_knowledge_of_250_chunks_and_the_faq_chunks_are_all_listed(big):
     assert listed == len(sb.sandbox.engine.index.chunks) == LONG_SECTIONS + 1 + len(FAQ_ENTRIES)
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C45", "C46", "C49")
 def test_faq_knowledge_base_and_faq_search(big):
     sb = big()
@@ -788,6 +790,7 @@ def test_faq_knowledge_base_and_faq_search(big):
     assert err["message"] == "请求参数不合法" and "'required' tag" in err["details"]
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C20", "C47")
 def test_an_faq_knowledge_base_has_no_keyword_path(big):
     sb = big()
@@ -800,6 +803,7 @@ def test_an_faq_knowledge_base_has_no_keyword_path(big):
     assert kw.json() == {"success": True, "data": None}
 
 
+@pytest.mark.slow
 def test_a_version_without_faq_serves_no_faq_knowledge_base(big):
     sb = big(version="plain")
     assert [kb["id"] for kb in call(sb, "GET", "/api/v1/knowledge-bases").json()["data"]] == [KB]
@@ -809,6 +813,7 @@ def test_a_version_without_faq_serves_no_faq_knowledge_base(big):
                           1003)
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C53")
 @pytest.mark.parametrize("release", ALL)
 def test_chunk_listings_escape_html_at_v06(big, release):

@@ -44,8 +44,8 @@ QUERY = "忘记管理员密码怎么办"
 # fixtures
 # ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("emb-cache")
+def cache_dir(embedding_cache):
+    return embedding_cache
 
 
 @pytest.fixture(scope="module")

@@ -94,9 +94,9 @@ def history_kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def servers(history_kb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SandboxServer]]:
+def servers(history_kb: Path, embedding_cache: Path) -> Iterator[Callable[..., SandboxServer]]:
     """``servers(release)``: a started server of :func:`history_kb` (one per release, kept for the module)."""
-    cache = tmp_path_factory.mktemp("emb-cache")
+    cache = embedding_cache
     started: dict[str, SandboxServer] = {}
 
     def get(release: str = DEFAULT_RELEASE) -> SandboxServer:

@@ -212,8 +212,8 @@ def mini_set(relevant_extra: dict[str, int] | None = None) -> TestSet:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(embedding_cache):
+    return embedding_cache
 
 
 @pytest.fixture(scope="module")

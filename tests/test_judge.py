@@ -710,8 +710,8 @@ def test_stability_share_within_one_point_and_mean_sd():
 # the sandbox's rule-based judge
 # ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
-    with SandboxServer("rerank", data_dir=MINI, cache_dir=tmp_path_factory.mktemp("cache"), api_key=KEY,
+def sandbox(embedding_cache):
+    with SandboxServer("rerank", data_dir=MINI, cache_dir=embedding_cache, api_key=KEY,
                        allow_fault_control=True) as s:
         yield s
 

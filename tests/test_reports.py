@@ -6,7 +6,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -111,6 +110,7 @@ def reports(tmp_path_factory):
     return tmp, rep, stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nb", NOTEBOOKS)
 def test_every_notebook_renders_its_sections_without_errors(reports, nb):
     tmp, rep, _ = reports
@@ -123,18 +123,21 @@ def test_every_notebook_renders_its_sections_without_errors(reports, nb):
     assert not re.search(r'<script[^>]+src="https?://', page)  # self-contained
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nb", ["01_collect", "02_metrics", "03_stratify", "04_degraded", "05_compare", "06_answers"])
 def test_figures_are_embedded(reports, nb):
     page = reports[1].pages[nb].read_text(encoding="utf-8")
     assert re.search(r'<img[^>]+src="data:image/png;base64,', page)
 
 
+@pytest.mark.slow
 def test_tier_colours_and_counts_in_the_metric_report(reports):
     page = reports[1].pages["02_metrics"].read_text(encoding="utf-8")
     assert "background-color: #" in page and any(c in page for c in ("#1a9850", "#91cf60", "#fee08b", "#f46d43"))
     assert "invalid queries (excluded)" in page and "not statistically significant" in page
 
 
+@pytest.mark.slow
 def test_knowledge_base_text_is_escaped(reports):
     tmp, rep, _ = reports
     shown = 0
@@ -145,6 +148,7 @@ def test_knowledge_base_text_is_escaped(reports):
     assert shown > 0  # the chunk's text is in a report, escaped
 
 
+@pytest.mark.slow
 def test_no_secret_anywhere_in_the_reports(reports):
     tmp, rep, _ = reports
     for p in (tmp / "reports").rglob("*"):
@@ -155,6 +159,7 @@ def test_no_secret_anywhere_in_the_reports(reports):
             assert KEY.encode() not in p.read_bytes(), p
 
 
+@pytest.mark.slow
 def test_index_links_the_notebooks_with_headline_figures(reports):
     index = reports[1].index.read_text(encoding="utf-8")
     for nb in NOTEBOOKS:
@@ -162,6 +167,7 @@ def test_index_links_the_notebooks_with_headline_figures(reports):
     assert "NDCG@5 vs baseline" in index and "ndcg@5" in index
 
 
+@pytest.mark.slow
 def test_a_failing_notebook_leaves_a_partial_report_and_names_the_cell(reports):
     tmp, _, _ = reports
     missing = tmp / "no-such-rules.yaml"
@@ -174,6 +180,7 @@ def test_a_failing_notebook_leaves_a_partial_report_and_names_the_cell(reports):
     assert "no-such-rules.yaml" in err.value.partial_html.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_an_unknown_stage_fails_in_the_setup_call_naming_the_stages(reports):
     tmp, _, _ = reports
     with pytest.raises(ReportError) as err:
@@ -193,6 +200,7 @@ def injected(executed: Path) -> set[str]:
     return set(re.findall(r"^(\w+) = ", cells[0].source, flags=re.M)) if cells else set()
 
 
+@pytest.mark.slow
 def test_each_notebook_gets_only_the_parameters_it_declares(reports):
     tmp, rep, _ = reports
     for nb in NOTEBOOKS:
@@ -213,6 +221,7 @@ def test_the_notebooks_are_committed_without_outputs():
         assert sum("open_run(" in c.source or "open_collection(" in c.source for c in code) == 1, nb
 
 
+@pytest.mark.slow
 def test_a_comparison_without_baseline_says_so_once_and_shows_the_history(reports):
     tmp, _, _ = reports
     rep = render_report(tmp / "runs" / "baseline", out_root=tmp / "alone", notebooks=["05_compare"])
@@ -237,6 +246,7 @@ def styled_colours(page: str) -> dict[tuple[str, str], str]:
     return colours
 
 
+@pytest.mark.slow
 def test_domain_adjustment_reaches_the_tier_colours(reports):
     tmp, rep, _ = reports
     run_dir = tmp / "runs" / "rerank"
@@ -270,6 +280,7 @@ def test_style_tiers_recomputes_tiers_for_an_explicit_adjustment():
     assert styled_colours(html)[("final", "recall@10")] == tables.TIER_COLOURS["excellent"]
 
 
+@pytest.mark.slow
 def test_headline_follows_the_stage_parameter(reports):
     tmp, _, _ = reports
     h = headline(tmp / "runs" / "rerank", [tmp / "runs" / "baseline"], stage="vector", metrics=["ndcg@5"])
@@ -287,6 +298,7 @@ def test_recall_funnel_follows_the_pipeline_with_custom_stages():
     assert top_down == ["vector", "hybrid-100", "final-b", "extra"]
 
 
+@pytest.mark.slow
 def test_open_run_resolves_the_focus_stage_and_scores_with_the_adjustment(reports):
     tmp, _, _ = reports
     run, stage = wn.open_run(tmp / "runs" / "rerank", domain_adjustment=0.05, needs=["recall@20"])
@@ -295,6 +307,7 @@ def test_open_run_resolves_the_focus_stage_and_scores_with_the_adjustment(report
     assert wn.open_run(tmp / "runs" / "rerank", stage="vector", metrics=["hit@5"])[1] == "vector"
 
 
+@pytest.mark.slow
 def test_the_degraded_report_says_what_ran_and_counts_unexplained_queries(reports):
     tmp, rep, _ = reports
     page = rep.pages["04_degraded"].read_text(encoding="utf-8")
@@ -305,6 +318,7 @@ def test_the_degraded_report_says_what_ran_and_counts_unexplained_queries(report
     assert final["model_score"].notna().any() and "lists carry model_score" in page
 
 
+@pytest.mark.slow
 @pytest.mark.contract("C66")
 def test_the_settings_note_shows_only_when_final_and_citations_ran_different_settings(reports):
     from types import SimpleNamespace
@@ -327,6 +341,7 @@ def test_the_settings_note_shows_only_when_final_and_citations_ran_different_set
     assert page.count("ran different settings") == (2 if expected else 0)
 
 
+@pytest.mark.slow
 def test_rendering_prints_no_error_line(reports):
     assert not [line for line in reports[2] if "ERROR" in line]
 
@@ -353,25 +368,17 @@ def test_the_kernel_is_not_interrupted_at_shutdown_and_real_errors_still_show(tm
     assert "KeyboardInterrupt" not in err
 
 
-#: the demo's first 40 queries (every version, every stage, 3 repeats, judging, integrity checks, every
-#: notebook): what this test asserts holds on them, in a third of the full demo's time; the full demo (all
-#: queries, default options) runs in CI after `make test`, from the wheel (`make wheel-demo`, .ci/wheel-demo),
-#: which checks the same things of its pages
-DEMO_LIMIT = 40
-
-
 @pytest.mark.slow
-def test_the_demo_end_to_end(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "WEKNORA_API_KEY"}
-    proc = subprocess.run([sys.executable, "-m", "weknora_nb", "demo", "--out", str(tmp_path), "--quiet",
-                           "--limit", str(DEMO_LIMIT)],
-                          capture_output=True, text=True, env=env, timeout=900)
+def test_the_demo_end_to_end(demo_from_wheel):
+    """``weknora-nb demo`` (run by the wheel built from these sources, in an empty folder: the session's
+    fixture, see tests/conftest.py for its options) writes every version's report and the overview."""
+    proc, out = demo_from_wheel.demo, demo_from_wheel.out
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not [line for line in proc.stderr.splitlines() if "ERROR" in line], proc.stderr[-3000:]
-    index = tmp_path / "reports" / "index.html"
+    index = out / "reports" / "index.html"
     assert str(index) in proc.stdout
     text = index.read_text(encoding="utf-8")
     for v in ("baseline", "rerank", "hnsw-m4"):
         assert f'href="{v}/index.html"' in text
-        assert (tmp_path / "reports" / v / "05_compare.html").exists()
+        assert (out / "reports" / v / "05_compare.html").exists()
     assert re.search(r"rerank</a>: .*NDCG@5 vs baseline: \+0\.\d+", text)

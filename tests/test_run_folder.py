@@ -190,7 +190,8 @@ def test_an_absolute_testset_path_that_is_gone_says_to_pass_the_testset(tmp_path
     folder = make_run(tmp_path / "runs" / "r1", str(tmp_path / "gone.jsonl"))
     with pytest.raises(RunFolderError) as err:
         load_run(folder)
-    assert "'testset.path'" in str(err.value) and "gone.jsonl" in str(err.value) and "put the file back" in str(err.value)
+    message = str(err.value)
+    assert "'testset.path'" in message and "gone.jsonl" in message and "put the file back" in message
     TS.to_jsonl(tmp_path / "elsewhere.jsonl")
     assert load_run(folder, testset=tmp_path / "elsewhere.jsonl").testset.hash == TS.hash
 

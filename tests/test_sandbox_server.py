@@ -14,6 +14,7 @@ import pytest
 from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
 from weknora_nb.sandbox import FaultConfig, SandboxServer, load_versions
 from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder
+from weknora_nb.sandbox.faults import FaultInjector, request_key
 from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, AnswerMemory, check_loopback
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
@@ -210,6 +211,32 @@ def test_injected_500_and_429(client, server):
     assert r.status_code == 429 and r.headers["retry-after"] == "2"
 
 
+def test_seeded_faults_follow_the_request_not_the_order_it_arrives_in(client, server):
+    queries = [f"问题 {i}" for i in range(40)]
+
+    def statuses(order):
+        server.set_faults(error_rate=0.5, rerank_error_rate=0.5, seed=7)
+        got = {}
+        for q in order:
+            r = client.post("/api/v1/knowledge-search", json={"query": q, "knowledge_base_id": server.kb_id})
+            again = client.post("/api/v1/knowledge-search", json={"query": q, "knowledge_base_id": server.kb_id})
+            got[q] = (r.status_code, again.status_code)
+        return got
+    forward = statuses(queries)
+    assert statuses(list(reversed(queries))) == forward
+    assert statuses(random.Random(3).sample(queries, len(queries))) == forward
+    firsts = [a for a, _ in forward.values()]
+    assert 0 < firsts.count(500) < len(queries)  # the rate is drawn, per request
+    assert any(a != b for a, b in forward.values())  # a retry of the same request draws afresh
+
+
+def test_a_lognormal_sigma_beyond_four_is_refused():
+    with pytest.raises(UsageError, match="latency_sigma must be a number between 0 and 4. Got 1e[+]300 instead."):
+        FaultConfig.from_dict({"latency_ms": 5, "latency_sigma": 1e300})
+    with pytest.raises(UsageError, match="seed must be an integer or null. Got 1.5 instead."):
+        FaultConfig.from_dict({"seed": 1.5})
+
+
 def test_injected_malformed_body_hang_and_latency(client, server):
     server.set_faults(malformed_rate=1.0)
     r = client.post("/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": server.kb_id})
@@ -277,8 +304,9 @@ def outcome(r: httpx.Response) -> int | str:
 def test_seeded_faults_follow_their_rates_in_order(client, server):
     server.set_faults(error_rate=0.3, rate_limit_rate=0.3, malformed_rate=0.3, seed=11)
     got = [outcome(client.get("/api/v1/tenants/kv/retrieval-config")) for _ in range(40)]
-    rng = random.Random(11)
-    assert got == [expected_fault(rng, 0.3, 0.3, 0.3) for _ in range(40)]
+    mirror = FaultInjector(FaultConfig(seed=11))  # the n-th time a request comes, its own stream
+    key = request_key("GET", "/api/v1/tenants/kv/retrieval-config", b"", b"")
+    assert got == [expected_fault(mirror.stream_for(key), 0.3, 0.3, 0.3) for _ in range(40)]
     assert {500, 429, "malformed", 200} <= set(got)
 
 
@@ -286,12 +314,14 @@ def test_seeded_stream_cuts_are_rolled_after_the_other_faults(client, server):
     sid = client.post("/api/v1/sessions", json={}).json()["data"]["id"]
     server.set_faults(error_rate=0.4, stream_cut_rate=0.5, seed=4)
     got = []
+    body = json.dumps({"query": "密码", "knowledge_base_ids": [server.kb_id]}).encode()
     for _ in range(30):
-        r = client.post(f"/api/v1/knowledge-chat/{sid}", json={"query": "密码", "knowledge_base_ids": [server.kb_id]})
+        r = client.post(f"/api/v1/knowledge-chat/{sid}", content=body, headers={"Content-Type": "application/json"})
         got.append(r.status_code if r.status_code != 200 else
                    "cut" if "complete" not in [e["response_type"] for e in sse_events(r.text)] else "whole")
-    rng = random.Random(4)
-    expected = [500 if rng.random() < 0.4 else "cut" if rng.random() < 0.5 else "whole" for _ in range(30)]
+    mirror, key = FaultInjector(FaultConfig(seed=4)), request_key("POST", f"/api/v1/knowledge-chat/{sid}", b"", body)
+    streams = [mirror.stream_for(key) for _ in range(30)]
+    expected = [500 if rng.random() < 0.4 else "cut" if rng.random() < 0.5 else "whole" for rng in streams]
     assert got == expected and {500, "cut", "whole"} <= set(got)
 
 
@@ -401,7 +431,7 @@ def test_fault_config_validation():
         FaultConfig.from_dict({"stream_cut_rate": 1.5})
     with pytest.raises(UsageError, match="rerank_error_rate must be a number between 0 and 1. Got 2 instead."):
         FaultConfig.from_dict({"rerank_error_rate": 2})
-    with pytest.raises(UsageError, match="latency_ms must be a number. Got '50' instead."):
+    with pytest.raises(UsageError, match="latency_ms must be a number between 0 and 86400000. Got '50' instead."):
         FaultConfig.from_dict({"latency_ms": "50"})
     with pytest.raises(UsageError) as err:
         FaultConfig.from_dict({"error_rate": 0.1, "latency": 5})

@@ -231,16 +231,15 @@ def _faults(text: str) -> dict[str, Any]:
                                          "too deeply instead.") from None
     if not isinstance(data, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as {example}. Got {text!r} instead.")
+    for name, value in data.items():
+        if name == "seed" or name not in FaultConfig.__dataclass_fields__:
+            continue  # FaultConfig names them
+        if isinstance(value, bool) or (isinstance(value, int | float) and (not _finite(value) or value < 0)):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number >= 0. Got {value!r:.60} instead.")
     try:
         FaultConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    for name, value in data.items():
-        if name == "seed":
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise argparse.ArgumentTypeError(f"seed must be an integer or null. Got {value!r} instead.")
-        elif isinstance(value, bool) or not _finite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be a finite number >= 0. Got {value!r:.60} instead.")
     return data
 
 

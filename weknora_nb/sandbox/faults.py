@@ -5,13 +5,19 @@ order: added latency (fixed plus uniform jitter, or lognormal), then a hang, the
 ``Retry-After`` and a malformed 200 body. SSE streams may be cut: the stream ends right after its
 ``references`` event (or, when it has none, just before ``complete``), so the client never sees
 ``complete``. ``rerank_error_rate`` is rolled by knowledge-search itself (the reranker fails for
-that request, docs/weknora-contract.md C37). Rates are probabilities per request, drawn from one
-random stream seeded by ``seed``.
+that request, docs/weknora-contract.md C37). Rates are probabilities per request.
+
+With a ``seed``, each request's draws come from a stream of its own, seeded by the seed, the request
+(method, path, query string, body) and how many times that same request came before: the same
+requests get the same faults whatever order concurrency brings them in, and a retry draws afresh.
+Without one, every draw comes from one unseeded stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -23,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox.wire import TOO_MANY_REQUESTS, app_error, internal_error
 
-__all__ = ["FaultConfig", "FaultInjector", "FaultMiddleware", "MALFORMED_BODY"]
+__all__ = ["FaultConfig", "FaultInjector", "FaultMiddleware", "MALFORMED_BODY", "request_key"]
 
 #: the body of an injected malformed response: a 200 whose JSON stops mid-string
 MALFORMED_BODY = b'{"success": true, "data": [{"id": "'
@@ -52,6 +58,10 @@ class FaultConfig:
     #: the settings that are probabilities (each must lie in [0, 1])
     RATES: ClassVar[tuple[str, ...]] = ("error_rate", "rate_limit_rate", "hang_rate", "malformed_rate",
                                         "stream_cut_rate", "rerank_error_rate")
+    #: the largest value of each setting that is no probability (a day of latency, a lognormal sigma of 4:
+    #: its 99.99th percentile is 2.7 million times the median)
+    LIMITS: ClassVar[dict[str, float]] = {"latency_ms": 86_400_000.0, "latency_jitter_ms": 86_400_000.0,
+                                          "latency_sigma": 4.0, "retry_after_s": 86_400.0, "hang_s": 86_400.0}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> FaultConfig:
@@ -70,62 +80,85 @@ class FaultConfig:
                              got=unknown[0] if len(unknown) == 1 else unknown)
         for name, value in data.items():
             if name == "seed":
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise UsageError(argument="seed", allowed="an integer or null", got=value)
                 continue
-            allowed = "a number between 0 and 1" if name in cls.RATES else "a number"
-            if not isinstance(value, int | float):
-                raise UsageError(argument=name, allowed=allowed, got=value)
-            if name in cls.RATES and not 0.0 <= value <= 1.0:
+            high = 1.0 if name in cls.RATES else cls.LIMITS[name]
+            allowed = "a number between 0 and 1" if name in cls.RATES else f"a number between 0 and {high:.10g}"
+            if (not isinstance(value, int | float) or isinstance(value, bool) or not _within(value, high)):
                 raise UsageError(argument=name, allowed=allowed, got=value)
         return cls(**data)
 
 
+def _within(value: float, high: float) -> bool:
+    """``0 <= value <= high`` for a number a float can hold (NaN and integers too large for a float are not)."""
+    try:
+        return math.isfinite(float(value)) and 0.0 <= value <= high
+    except OverflowError:
+        return False
+
+
 class FaultInjector:
-    """The faults in force and the random stream that decides each one (seeded by ``cfg.seed``)."""
+    """The faults in force and the random streams that decide each one (see the module's docstring)."""
 
     def __init__(self, cfg: FaultConfig):
         self.set(cfg)
 
     def set(self, cfg: FaultConfig) -> None:
-        """Put ``cfg`` in force and restart the random stream from its seed."""
+        """Put ``cfg`` in force and start its streams afresh (no request has come before)."""
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self._seen: dict[bytes, int] = {}
 
-    def roll(self, rate: float) -> bool:
-        """True with probability ``rate`` (a rate of 0 draws nothing from the stream)."""
-        return rate > 0 and self.rng.random() < rate
+    def stream_for(self, request: bytes) -> random.Random:
+        """The stream of one request's draws (``request``: its method, path, query string and body):
+        with a seed, one seeded by the seed, the request and how many times it came before; else the shared
+        unseeded stream."""
+        if self.cfg.seed is None:
+            return self.rng
+        key = hashlib.blake2b(request, digest_size=16).digest()
+        n = self._seen.get(key, 0)
+        self._seen[key] = n + 1
+        return random.Random(f"{self.cfg.seed}:{n}:{key.hex()}")
 
-    def latency_s(self) -> float:
+    def roll(self, rate: float, rng: random.Random | None = None) -> bool:
+        """True with probability ``rate``, drawn from ``rng`` (default: the shared stream); a rate of 0 draws
+        nothing."""
+        return rate > 0 and (rng or self.rng).random() < rate
+
+    def latency_s(self, rng: random.Random | None = None) -> float:
         """Added latency in seconds: ``latency_ms * LogNormal(0, sigma)`` when ``latency_sigma > 0``,
         else ``max(0, latency_ms + Uniform(-jitter, jitter))``, over 1000."""
-        c = self.cfg
+        c, rng = self.cfg, rng or self.rng
         if c.latency_sigma > 0 and c.latency_ms > 0:
-            return self.rng.lognormvariate(0.0, c.latency_sigma) * c.latency_ms / 1000.0
-        jitter = self.rng.uniform(-c.latency_jitter_ms, c.latency_jitter_ms) if c.latency_jitter_ms else 0.0
+            return rng.lognormvariate(0.0, c.latency_sigma) * c.latency_ms / 1000.0
+        jitter = rng.uniform(-c.latency_jitter_ms, c.latency_jitter_ms) if c.latency_jitter_ms else 0.0
         return max(0.0, c.latency_ms + jitter) / 1000.0
 
-    async def before_request(self) -> Response | None:
+    async def before_request(self, rng: random.Random | None = None) -> Response | None:
         """Wait the added latency, then maybe hang, then roll at most one faulty response.
 
         In this order: latency; a hang of ``hang_s`` (rate ``hang_rate``); a 500, WeKnora's answer
         to an error that is no AppError (``error_rate``, C11), else a 429 with ``Retry-After:
         retry_after_s`` and code 1006 (``rate_limit_rate``, C12), else a malformed 200
-        (``malformed_rate``). Returns that response, or None to serve.
+        (``malformed_rate``). Returns that response, or None to serve. ``rng``: the request's stream
+        (default: the shared one).
         """
-        delay = self.latency_s()
+        delay = self.latency_s(rng)
         if delay:
             await asyncio.sleep(delay)
-        if self.roll(self.cfg.hang_rate):
+        if self.roll(self.cfg.hang_rate, rng):
             await asyncio.sleep(self.cfg.hang_s)
-        if self.roll(self.cfg.error_rate):
+        if self.roll(self.cfg.error_rate, rng):
             return internal_error()
-        if self.roll(self.cfg.rate_limit_rate):
+        if self.roll(self.cfg.rate_limit_rate, rng):
             return app_error(TOO_MANY_REQUESTS, "too many requests (injected fault)",
                              headers={"Retry-After": f"{self.cfg.retry_after_s:g}"})
-        if self.roll(self.cfg.malformed_rate):
+        if self.roll(self.cfg.malformed_rate, rng):
             return Response(MALFORMED_BODY, media_type="application/json")
         return None
 
-    def cutting_streams(self, send: Send) -> Send:
+    def cutting_streams(self, send: Send, rng: random.Random | None = None) -> Send:
         """``send`` that may cut an event stream: it ends right after the ``references`` event, or
         just before ``complete`` when no references came.
 
@@ -140,7 +173,7 @@ class FaultInjector:
                 return
             if message["type"] == "http.response.start":
                 cut = (message["status"] == 200 and _is_event_stream(message)
-                       and self.roll(self.cfg.stream_cut_rate))
+                       and self.roll(self.cfg.stream_cut_rate, rng))
             elif cut and message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if _COMPLETE in body:
@@ -159,7 +192,9 @@ def _is_event_stream(start: Message) -> bool:
 class FaultMiddleware:
     """Injects the faults of ``faults`` into every ``/api/v1/`` (and ``/v1/``) request, before routing.
 
-    So before the answer memory too: a remembered answer still gets its latency and faults.
+    So before the answer memory too: a remembered answer still gets its latency and faults. The request's
+    stream is left in ``scope["state"]["fault_rng"]`` for the draws routes make themselves (the reranker's).
+    With a seed the body is read first (it is part of what seeds the stream) and handed on unchanged.
     """
 
     def __init__(self, app: ASGIApp, *, faults: FaultInjector):
@@ -168,10 +203,44 @@ class FaultMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(("/api/v1/", "/v1/")):
-            fault = await self.faults.before_request()
+            rng = None
+            if self.faults.cfg.seed is not None:
+                body, receive = await _buffered(receive)
+                rng = self.faults.stream_for(request_key(scope["method"], scope["path"],
+                                                         scope.get("query_string", b""), body))
+                scope.setdefault("state", {})["fault_rng"] = rng
+            fault = await self.faults.before_request(rng)
             if fault is not None:
                 await fault(scope, receive, send)
                 return
             if self.faults.cfg.stream_cut_rate > 0:
-                send = self.faults.cutting_streams(send)
+                send = self.faults.cutting_streams(send, rng)
         await self.app(scope, receive, send)
+
+
+def request_key(method: str, path: str, query_string: bytes, body: bytes) -> bytes:
+    """What names a request for :meth:`FaultInjector.stream_for`: its method, path, query string and body."""
+    return b"\0".join((method.encode(), path.encode(), query_string, body))
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's whole body, and a ``receive`` that hands it on as one message (then what ``receive``
+    says next: a disconnect)."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(parts), _replay([message], receive)
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            body = b"".join(parts)
+            return body, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+def _replay(first: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that returns the messages of ``first``, then those of ``receive``."""
+    pending = list(first)
+
+    async def again() -> Message:
+        return pending.pop(0) if pending else await receive()
+    return again

@@ -358,7 +358,7 @@ class SandboxApp:
         refused = auth.refuse_targets(principal_of(request.scope), kb_ids, body["knowledge_ids"])
         if refused is not None:
             return refused
-        if self.faults.roll(self.faults.cfg.rerank_error_rate):
+        if self.faults.roll(self.faults.cfg.rerank_error_rate, request.scope.get("state", {}).get("fault_rng")):
             return self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"], rerank_fails=True)
         return await self._remembered(
             request, lambda: self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"]))
