@@ -105,3 +105,17 @@ def test_bad_answers_file_names_line_and_field(tmp_path):
         read_answers(p)
     text = str(e.value)
     assert "line 1, field 'repeat'" in text and "line 1, field 'citations'" in text and "line 2" in text
+
+
+def test_kendall_tau_equals_scipy_s_tau_b_on_random_orders_with_repeats_and_strangers():
+    from scipy.stats import kendalltau
+
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        refs = [f"c{i}" for i in rng.permutation(rng.integers(1, 12))]
+        cited = [str(x) for x in rng.choice(refs + ["elsewhere", "c99"], size=rng.integers(0, 14))]
+        pos = {c: i for i, c in enumerate(refs)}
+        y = [pos[c] for c in cited if c in pos]
+        want = kendalltau(np.arange(len(y)), y).statistic if len(y) >= 2 else float("nan")
+        got = kendall_tau(cited, refs)
+        assert (np.isnan(got) and np.isnan(want)) or got == pytest.approx(want, abs=1e-12), (cited, refs)

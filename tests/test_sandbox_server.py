@@ -540,3 +540,26 @@ def test_bad_api_keys_are_refused_up_front():
         SandboxServer("baseline", data_dir=MINI, api_keys={"sk-x": {"kind": "admin"}})
     with pytest.raises(UsageError, match="capabilities must be one of"):
         SandboxServer("baseline", data_dir=MINI, api_keys={"sk-x": {"capabilities": ["everything"]}})
+
+
+def test_a_search_asked_again_is_run_once_and_each_caller_gets_hits_of_its_own(server, monkeypatch):
+    from weknora_nb.sandbox import engine as engine_module
+
+    engine = server.sandbox.engine
+    runs = []
+    real = engine_module.pipeline.knowledge_search
+
+    def counted(*args, **kwargs):
+        runs.append(args[1])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine_module.pipeline, "knowledge_search", counted)
+    settings = engine.tenant_settings()
+    first = engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings)
+    first[0].sub_chunk_ids.append("changed by a caller")
+    first[0].score = -1.0
+    again = engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings)
+    assert runs == ["VPN 连接失败怎么办 (memo)"] and again and again[0].score != -1.0
+    assert "changed by a caller" not in again[0].sub_chunk_ids
+    engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings, rerank_fails=True)
+    engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings, knowledge_ids=["guide.01-passwords"])
+    assert len(runs) == 3  # another search: run anew

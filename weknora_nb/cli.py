@@ -474,7 +474,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from weknora_nb.demo import run_demo
 
     result = run_demo(args.out, repeats=args.repeats, no_input=args.no_input, progress=not args.quiet,
-                      limit=args.limit)
+                      limit=args.limit, jobs=args.jobs)
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
     print(f"demo finished ({phases}). Open: {result.index}")
     return 0
@@ -677,6 +677,9 @@ def _add_demo(sub: Subparsers) -> None:
     d.add_argument("--limit", type=_int_at_least(1), default=None, metavar="N",
                    help="only the first N queries of the demo test set (quick runs; default all)")
     d.add_argument("--no-input", action="store_true", help="hide code cells in the HTML reports")
+    d.add_argument("--jobs", type=_int_at_least(1), default=None, metavar="N",
+                   help="versions measured (each in a process of its own) and notebooks rendered at a time "
+                        "(default: one per core; 1: one after another in this process)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=_cmd_demo)
 

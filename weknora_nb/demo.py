@@ -1,8 +1,10 @@
 """The demo: the whole workbench on the embedded sandbox, end to end.
 
 Builds the sandbox index, serves each system version of the demo folder's ``versions.yaml``
-(shipped inside the package, see :func:`weknora_nb.sandbox.demo_dir`) on loopback in turn,
-collects the demo test set at every stage with 3 repeats, judges the answers of
+(shipped inside the package, see :func:`weknora_nb.sandbox.demo_dir`) on loopback, ``jobs``
+versions at a time (one per core by default, each in a worker process of its own with its own
+server: the server and its collector share a process, so one process uses one core), collects
+the demo test set at every stage with 3 repeats, judges the answers of
 :data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, checks each version's knowledge
 base (the API, its Postgres tables as a read-only role, the test set traced into the vector
 store: ``check.json`` and ``vector_trace*`` in the run folder), renders all reports (baseline
@@ -17,11 +19,16 @@ current folder).
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import multiprocessing
 import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,8 @@ from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, ReportRequest, render_reports, write_overview
 from weknora_nb.sandbox import SandboxServer, VersionConfig, build_index, demo_dir, load_demo_versions
 
-__all__ = ["DemoResult", "run_demo", "demo_testset", "DEMO_STAGES", "FAQ_STAGES", "JUDGED_VERSIONS"]
+__all__ = ["DemoResult", "run_demo", "demo_testset", "VersionJob", "measure_version", "measure_versions",
+           "DEMO_STAGES", "FAQ_STAGES", "JUDGED_VERSIONS"]
 
 log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
@@ -72,6 +80,97 @@ def demo_testset(out: Path, limit: int | None = None, *, faq: bool = False) -> P
     return path
 
 
+@dataclass(frozen=True)
+class VersionJob:
+    """What the demo measures of one version: ``testset`` collected at ``stages`` into ``run_dir`` (``faq``: from
+    the FAQ knowledge base), then judged (``judge``) and checked; ``collect`` holds the collector's other
+    keyword arguments (repeats, concurrency, progress)."""
+
+    version: str
+    testset: Path
+    run_dir: Path
+    faq: bool
+    judge: bool
+    stages: str
+    collect: dict[str, Any]
+
+
+def measure_version(job: VersionJob) -> RunSummary:
+    """Collect, judge and check one version (:func:`_collect_version`): what a demo worker process runs."""
+    return _collect_version(job.version, job.testset, job.run_dir, faq=job.faq, judge=job.judge,
+                            stages=job.stages, **job.collect)
+
+
+def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool) -> list[RunSummary]:
+    """Measure every version of ``jobs``, ``workers`` at a time, and return their summaries in ``jobs``' order.
+
+    With one worker (or one version) they run one after another in this process, with the collector's progress
+    bars. With more, each runs in a worker process (started afresh: nothing of this process's state is copied)
+    whose log records reach this process's handlers; the progress bar counts finished versions. The first
+    version to fail stops those not yet started and its error is raised once the running ones end (what they
+    collected is in their checkpoints: a rerun resumes it).
+    """
+    if workers <= 1 or len(jobs) <= 1:
+        return [measure_version(j) for j in jobs]
+    quiet = [replace(j, collect={**j.collect, "progress": False}) for j in jobs]
+    context = multiprocessing.get_context("spawn")
+    with _worker_logging(context) as queue, ProcessPoolExecutor(
+            max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker,
+            initargs=(queue, logging.getLogger().getEffectiveLevel())) as pool:
+        futures = [pool.submit(measure_version, j) for j in quiet]
+        _wait_for_versions(futures, [j.version for j in jobs], progress)
+        return [f.result() for f in futures]
+
+
+def _wait_for_versions(futures: list[Future[RunSummary]], names: list[str], progress: bool) -> None:
+    """Wait until every future is done or one failed (then cancel those not started), a bar of finished versions
+    shown (``progress``)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(futures), desc="measuring versions", unit="version", disable=not progress)
+    pending: set[Future[RunSummary]] = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            bar.update(len(done))
+            bar.set_postfix_str(", ".join(n for n, f in zip(names, futures, strict=True) if f.done()))
+            if any(f.exception() is not None for f in done):
+                for f in pending:
+                    f.cancel()
+                wait(pending)
+                return
+    finally:
+        bar.close()
+
+
+@contextmanager
+def _worker_logging(context: Any) -> Iterator[Any]:
+    """A queue the worker processes log into, and a listener handing its records to this process's handlers."""
+    queue = context.Queue()
+    listener = logging.handlers.QueueListener(queue, _ToRoot())
+    listener.start()
+    try:
+        yield queue
+    finally:
+        listener.stop()
+
+
+class _ToRoot(logging.Handler):
+    """Hands a record from a worker to the logger it was made by, here (and so to this process's handlers)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+
+
+def _init_worker(queue: Any, level: int) -> None:
+    """In a demo worker process: every log record goes to ``queue`` (the parent shows it), at ``level``."""
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(queue)]
+    root.setLevel(level)
+
+
 def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = False, judge: bool = False,
                      **kwargs: Any) -> RunSummary:
     """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
@@ -89,7 +188,7 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
             summary = collect(settings, kb, testset, run_dir, **kwargs)
         if judge:
             _judge(sb, run_dir, progress=bool(kwargs.get("progress")))
-        _check(sb, kb, testset, run_dir)
+        _check(sb, kb, testset, run_dir, progress=bool(kwargs.get("progress")))
         return summary
 
 
@@ -104,7 +203,7 @@ def _stages_for(version: VersionConfig, stages: str) -> str:
     return stages
 
 
-def _check(sb: SandboxServer, kb: str, testset: Path, run_dir: Path) -> None:
+def _check(sb: SandboxServer, kb: str, testset: Path, run_dir: Path, *, progress: bool) -> None:
     """``weknora-nb check`` of the served version into the run folder (``check.json``, the vector-store trace):
     the API checks, the Postgres checks as a read-only role, and the test set's queries traced into the store
     with the sandbox's embeddings endpoint. The role's password lives only in this process."""
@@ -112,7 +211,7 @@ def _check(sb: SandboxServer, kb: str, testset: Path, run_dir: Path) -> None:
     dsn = sb.reader_dsn(secrets.token_hex(16))
     model = sb.version.embedding_model
     result = run_checks(ClientSettings(sb.base_url), [kb], testset=testset, dsn=dsn,
-                        embeddings=EmbeddingSettings(sb.embeddings_url, model))
+                        embeddings=EmbeddingSettings(sb.embeddings_url, model), progress=progress)
     result.write(run_dir)
     log.info("checked %s: %d problem(s) in %d finding(s)", run_dir.name, len(result.problems), len(result.findings))
 
@@ -141,7 +240,7 @@ def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
 
 def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[str] | None = None,
              stages: str = DEMO_STAGES, no_input: bool = False, progress: bool = True,
-             concurrency: int = 16, limit: int | None = None) -> DemoResult:
+             concurrency: int = 16, limit: int | None = None, jobs: int | None = None) -> DemoResult:
     """Run the demo into ``out`` (relative to the current folder) and return what it wrote.
 
     Parameters
@@ -154,6 +253,8 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     no_input : hide the code cells in the HTML reports.
     limit : use only the first ``limit`` queries of the demo test set (quick runs and tests;
         the figures then rest on fewer than 200 valid queries and the reports say so).
+    jobs : versions measured at a time, each in a worker process, and notebooks rendered at a time
+        (default: one per core; 1: everything in this process, one after another).
 
     ``seconds`` of the result holds the wall time of each phase: ``index``, ``collect``, ``render``.
     """
@@ -173,15 +274,16 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     seconds["index"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    for v in names:
-        summary = _collect_version(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
-                                   judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
-                                   stages=_stages_for(all_versions[v], stages), repeats=repeats,
-                                   concurrency=concurrency, progress=progress)
+    work = [VersionJob(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
+                       judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
+                       stages=_stages_for(all_versions[v], stages),
+                       collect={"repeats": repeats, "concurrency": concurrency, "progress": progress})
+            for v in names]
+    for summary in measure_versions(work, workers=jobs or os.cpu_count() or 1, progress=progress):
         log.info(summary.describe())
     seconds["collect"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    index, reports = _render_all(out, names, faq, no_input)
+    index, reports = _render_all(out, names, faq, no_input, jobs)
     seconds["render"] = time.perf_counter() - t0
     return DemoResult(index, reports, seconds)

@@ -331,6 +331,20 @@ class DegradedQuery:
         """The list of the upstream path with ``role``, or None when the run has no such stage."""
         return self.paths.get(role)
 
+    def first_rows(self, lst: pd.DataFrame) -> dict[str, int]:
+        """Chunk id -> the position of its first row in ``lst`` (one of this query's lists), built once per list."""
+        held = self._first_rows.get(id(lst))
+        if held is None or held[0] is not lst:
+            positions: dict[str, int] = {}
+            for i, c in enumerate(lst["chunk_id"].tolist()):
+                positions.setdefault(c, i)
+            held = self._first_rows[id(lst)] = (lst, positions)
+        return held[1]
+
+    @cached_property
+    def _first_rows(self) -> dict[int, tuple[pd.DataFrame, dict[str, int]]]:
+        return {}
+
     def path_ids(self, role: str) -> set[str]:
         """The chunk ids of that path's list (empty when there is no such path)."""
         lst = self.paths.get(role)
@@ -405,10 +419,11 @@ class LostChunk:
         return self.chunk_id in self.query.path_ids("keyword")
 
     def _row(self, lst: pd.DataFrame | None) -> pd.Series | None:
+        """The chunk's first row in ``lst`` (None: no list, or not in it)."""
         if lst is None:
             return None
-        rows = lst[lst["chunk_id"] == self.chunk_id]
-        return rows.iloc[0] if len(rows) else None
+        at = self.query.first_rows(lst).get(self.chunk_id)
+        return None if at is None else lst.iloc[at]
 
     def path_score(self, role: str) -> float | None:
         """The chunk's score in the upstream path with ``role`` (None: not in it)."""

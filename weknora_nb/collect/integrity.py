@@ -114,21 +114,22 @@ class CheckResult:
 
 
 def run_checks(settings: ClientSettings, kb_ids: list[str] | str, *, testset: TestSet | str | Path | None = None,
-               dsn: str | None = None, embeddings: Any = None) -> CheckResult:
+               dsn: str | None = None, embeddings: Any = None, progress: bool | None = None) -> CheckResult:
     """Synchronous :func:`run_checks_async` (also where an event loop already runs, e.g. Jupyter)."""
-    return run_to_end(lambda: run_checks_async(settings, kb_ids, testset=testset, dsn=dsn, embeddings=embeddings),
-                      name="weknora-nb-check")
+    return run_to_end(lambda: run_checks_async(settings, kb_ids, testset=testset, dsn=dsn, embeddings=embeddings,
+                                               progress=progress), name="weknora-nb-check")
 
 
 async def run_checks_async(settings: ClientSettings, kb_ids: list[str] | str, *,
                            testset: TestSet | str | Path | None = None, dsn: str | None = None,
-                           embeddings: Any = None) -> CheckResult:
+                           embeddings: Any = None, progress: bool | None = None) -> CheckResult:
     """The API checks on a fresh listing of ``kb_ids``, then with ``dsn`` the database checks.
 
     ``testset``: a TestSet or a path (its labels are checked; an unreadable file is a
     :class:`~weknora_nb.core.errors.TestSetError`); ``embeddings``: a ``vectortrace.EmbeddingSettings`` (an
     OpenAI-compatible endpoint serving the knowledge base's model): with ``dsn`` and ``testset``, the test set's
-    queries are traced into the vector store (``vectortrace.trace_queries``; its summary in ``facts["trace"]``).
+    queries are traced into the vector store (``vectortrace.trace_queries``; its summary in ``facts["trace"]``;
+    ``progress``: its bar, None: when there are more than 50 queries).
     Raises :class:`UsageError` for a knowledge base the server does not have or a key it refuses (as ``collect``
     does), a refused database password or role, or a database step that is not available;
     :class:`RequestFailed` when the server or the database cannot be reached.
@@ -153,12 +154,12 @@ async def run_checks_async(settings: ClientSettings, kb_ids: list[str] | str, *,
                          checks, findings, {"api": api},
                          inventory_fingerprint(inventory.chunks) if inventory.complete else None)
     if dsn:
-        await asyncio.to_thread(_database_checks, result, dsn, ids, ts, embeddings)
+        await asyncio.to_thread(_database_checks, result, dsn, ids, ts, embeddings, progress)
     return result
 
 
 def _database_checks(result: CheckResult, dsn: str, kb_ids: list[str], testset: TestSet | None,
-                     embeddings: Any) -> None:
+                     embeddings: Any, progress: bool | None = None) -> None:
     """Add ``pgcheck.check_database``'s findings and facts (and with ``embeddings`` the vector-store trace's
     summary, the trace itself in ``result.trace``) to ``result``, every text with the DSN's password masked.
     A refused password or role is a :class:`UsageError` (as a refused API key is). Blocking."""
@@ -170,7 +171,7 @@ def _database_checks(result: CheckResult, dsn: str, kb_ids: list[str], testset: 
     try:
         got = check_database(dsn, kb_ids)
         if embeddings is not None:
-            trace = trace_queries(dsn, kb_ids, testset, embeddings)
+            trace = trace_queries(dsn, kb_ids, testset, embeddings, progress=progress)
             result.trace = trace
             result.facts["trace"] = scrub(trace.summary, dsn)
     except AuthFailed as exc:

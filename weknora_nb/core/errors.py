@@ -85,7 +85,22 @@ class Problem:
 
 
 class WeknoraNbError(Exception):
-    """Base class of every error weknora_nb raises on purpose."""
+    """Base class of every error weknora_nb raises on purpose.
+
+    Pickled as what it is (class, message, attributes) without calling its ``__init__`` again, so that an
+    error raised in a worker process reaches the parent whole, whatever arguments its class takes.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuilt(cls: type[WeknoraNbError], args: tuple[Any, ...], state: dict[str, Any]) -> WeknoraNbError:
+    """The error of :meth:`WeknoraNbError.__reduce__`: ``cls`` with ``args`` and the attributes of ``state``."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class UsageError(WeknoraNbError, ValueError):

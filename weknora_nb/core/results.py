@@ -33,6 +33,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -791,6 +792,12 @@ def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     WeKnora's merge step folds neighbouring chunks into one result whose content the user
     (and the LLM) sees; unfolding credits those chunks at the positions they occupy.
     Returns the new table and the number of chunks unfolded.
+
+    An absorbed chunk's row is its result's row with its own ``chunk_id`` and no ``chunk_index``,
+    ``knowledge_id``, ``score``, ``base_score``, ``model_score`` or ``match_type``. Rows come out sorted by
+    (query_id, stage, repeat, rank, position after the result), missing values last, ties in their first
+    order; categorical columns come out as strings; ``rank`` counts, per (query_id, stage, repeat), the rows
+    with a chunk (rows without one, or with a key missing, get none).
     """
     if "sub_chunk_ids" not in df.columns or not df["sub_chunk_ids"].notna().any():
         return df, 0
@@ -805,29 +812,76 @@ def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
         _report(problems, "<results>", np.flatnonzero(has)[bad], "sub_chunk_ids", _SUB_CHUNKS_FORMAT, 1,
                 _value_at(subs))
         raise ResultsError("<results>", problems)
-    base = df.copy()
-    for c in base.columns:
-        if isinstance(base[c].dtype, pd.CategoricalDtype):
-            base[c] = base[c].astype("string")
-    base["_sub"] = 0
-    extra = base[has].copy()
-    extra["_ids"] = lists
-    extra = extra.explode("_ids")
-    extra = extra[extra["_ids"].notna()]
-    n = len(extra)
-    extra["chunk_id"] = extra["_ids"].astype("string")
-    extra["_sub"] = extra.groupby(level=0).cumcount() + 1
-    for c in ("chunk_index", "knowledge_id", "score", "base_score", "model_score", "match_type"):
-        if c in extra.columns:
-            extra[c] = None
-    extra = extra.drop(columns="_ids")
-    out = pd.concat([base, extra.astype(base.dtypes.to_dict())], ignore_index=True)
-    out = out.sort_values(["query_id", "stage", "repeat", "rank", "_sub"], kind="stable", na_position="last")
-    has_chunk = out["chunk_id"].notna()
-    keys = [out["query_id"], out["stage"], out["repeat"]]
-    new_rank = out[has_chunk].groupby(keys, sort=False, observed=True).cumcount() + 1
-    out["rank"] = pd.array(pd.Series(pd.NA, index=out.index, dtype="Int64").mask(has_chunk, new_rank), dtype="Int64")
-    return out.drop(columns="_sub").reset_index(drop=True), n
+    absorbed = [[str(x) for x in ids if x is not None] for ids in lists]
+    counts = np.zeros(len(df), np.int64)
+    counts[has] = [len(ids) for ids in absorbed]
+    parent = np.repeat(np.arange(len(df)), 1 + counts)       # each row, then a row per absorbed chunk
+    first = np.repeat(np.cumsum(1 + counts) - 1 - counts, 1 + counts)
+    sub = np.arange(len(parent)) - first                       # 0: the result itself
+    base = df.reset_index(drop=True)
+    keys = [_sort_codes(base[c]) for c in ("query_id", "stage", "repeat", "rank")]
+    ids = np.empty(len(parent), dtype=object)
+    ids[sub > 0] = [c for chunk_ids in absorbed for c in chunk_ids]  # laid out as the rows are, before sorting
+    order = np.lexsort((np.arange(len(parent)), sub, *(k[parent] for k in reversed(keys))))
+    rows, extra, ids = parent[order], sub[order] > 0, ids[order]
+    out = pd.DataFrame({c: _unfolded(base[c], rows, extra, c, ids) for c in base.columns})
+    out["rank"] = _renumbered(out, keys, rows)
+    return out, int(counts.sum())
+
+
+#: the columns an absorbed chunk's row leaves empty (its result's own facts)
+_RESULT_ONLY = ("chunk_index", "knowledge_id", "score", "base_score", "model_score", "match_type")
+
+
+def _sort_codes(col: pd.Series) -> np.ndarray:
+    """Integer sort keys of ``col`` in the order pandas sorts it (strings by value, also when categorical;
+    missing values last)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype("string")
+    codes, _ = pd.factorize(col, sort=True)
+    codes = np.asarray(codes, dtype=np.int64)
+    return np.where(codes < 0, codes.max(initial=-1) + 1, codes)
+
+
+def _unfolded(col: pd.Series, rows: np.ndarray, extra: np.ndarray, name: str, ids: np.ndarray) -> Any:
+    """Column ``name`` of the unfolded table: ``col`` at ``rows``; on the absorbed chunks' rows (``extra``) the
+    chunk id ``ids`` for ``chunk_id``, nothing for :data:`_RESULT_ONLY`. Categorical columns become strings."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        taken = _category_strings(col, rows)
+    else:
+        taken = col.take(rows).reset_index(drop=True)
+    if name == "chunk_id":
+        values = taken.to_numpy(dtype=object, copy=True)
+        values[extra] = ids[extra]
+        return pd.Series(values, dtype=taken.dtype)
+    if name in _RESULT_ONLY and extra.any():
+        return taken.where(~extra, None) if taken.dtype == object else taken.mask(extra)
+    return taken
+
+
+def _category_strings(col: pd.Series, rows: np.ndarray) -> pd.Series:
+    """``col.astype("string")`` at ``rows`` for a categorical ``col``, each category converted once (Arrow)."""
+    codes = col.cat.codes.to_numpy()[rows]
+    categories = pa.array([str(c) for c in col.cat.categories], type=pa.large_string())
+    decoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), categories).dictionary_decode()
+    return pd.Series(pd.array(decoded, dtype=pd.StringDtype()))
+
+
+def _renumbered(out: pd.DataFrame, keys: list[np.ndarray], rows: np.ndarray) -> Any:
+    """Ranks 1..n over the rows with a chunk within each (query_id, stage, repeat) of the sorted table; <NA>
+    for rows without a chunk or with one of the three missing."""
+    counted = out["chunk_id"].notna().to_numpy(dtype=bool, copy=True)
+    for c in ("query_id", "stage", "repeat"):
+        counted &= out[c].notna().to_numpy(dtype=bool)
+    at = np.flatnonzero(counted)
+    q, s, r = (k[rows[at]] for k in keys[:3])
+    new_group = np.ones(len(at), dtype=bool)
+    new_group[1:] = (q[1:] != q[:-1]) | (s[1:] != s[:-1]) | (r[1:] != r[:-1])
+    starts = np.flatnonzero(new_group)
+    rank = np.arange(len(at)) - np.repeat(starts, np.diff(np.append(starts, len(at)))) + 1
+    values = np.zeros(len(out), dtype=np.int64)
+    values[at] = rank
+    return pd.arrays.IntegerArray(values, ~counted)
 
 
 _SUB_CHUNKS_FORMAT = 'must be a JSON list of chunk ids such as ["c1", "c2"]'
@@ -835,20 +889,24 @@ _SUB_CHUNKS_FORMAT = 'must be a JSON list of chunk ids such as ["c1", "c2"]'
 
 def _sub_chunk_lists(subs: pd.Series) -> tuple[list[list], np.ndarray]:
     """Each value of ``subs`` (text) parsed as a JSON list of chunk ids (strings or integers; nulls
-    are skipped later), and the positions of the values that are not such a list."""
-    lists: list[list] = []
-    bad: list[int] = []
-    for i, text in enumerate(subs.tolist()):
-        try:
-            ids = json.loads(text)
-        except (ValueError, RecursionError):
-            ids = None
-        ok = isinstance(ids, list) and all(
-            x is None or isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in ids)
-        lists.append(ids if ok else [])
-        if not ok:
-            bad.append(i)
+    are skipped later), and the positions of the values that are not such a list. Each distinct text is
+    parsed once (a request's repeats and stages carry the same lists)."""
+    codes, texts = pd.factorize(subs)
+    parsed = [_chunk_id_list(t) for t in texts]
+    lists = [parsed[c] if parsed[c] is not None else [] for c in codes]
+    bad = [i for i, c in enumerate(codes) if parsed[c] is None]
     return lists, np.asarray(bad, dtype=np.int64)
+
+
+def _chunk_id_list(text: str) -> list | None:
+    """``text`` as a JSON list of chunk ids (strings, integers, nulls), or None when it is not one."""
+    try:
+        ids = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    ok = isinstance(ids, list) and all(
+        x is None or isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in ids)
+    return ids if ok else None
 
 
 def _check_sub_chunk_ids(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int) -> None:

@@ -38,8 +38,9 @@ import hashlib
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 KB_TYPES = ("document", "faq")
 #: the sandbox's knowledge-base ids, by engine kind (the server can be told others)
 DEFAULT_KB_IDS = {"document": "kb-demo", "faq": "kb-faq"}
+#: knowledge-searches whose hits an engine keeps (see :meth:`RetrievalEngine.knowledge_search`)
+SEARCH_MEMORY = 4096
 #: C18: per-path candidates ``min(max(5 n, CANDIDATES_FLOOR) x KBs, CANDIDATES_CAP)``
 CANDIDATES_FACTOR, CANDIDATES_FLOOR, CANDIDATES_CAP = 5, 50, 500
 #: C17 (main): what ``match_count <= 0`` becomes (``DefaultRetrievalTopK``)
@@ -714,6 +717,8 @@ class RetrievalEngine:
         #: without embeddings rows (found by neither path: WeKnora's keyword search reads the same table, C74)
         self.deleted = frozenset(index.by_id[c] for c in faults["deleted_chunks"] if c in index.by_id)
         self.unindexed = frozenset(index.by_id[c] for c in faults["without_vectors"] if c in index.by_id)
+        self._searches: OrderedDict[tuple[Any, ...], list[Hit]] = OrderedDict()
+        self._searches_lock = threading.Lock()
 
     @property
     def vectors(self) -> Any:
@@ -799,9 +804,27 @@ class RetrievalEngine:
 
     def knowledge_search(self, query: str, *, settings: PipelineSettings, knowledge_ids: Sequence[str] | None = None,
                          rerank_fails: bool = False, kb_types: Sequence[str] | None = None) -> list[Hit]:
-        """WeKnora's knowledge-search with ``settings`` (see :mod:`.pipeline`); ``[]`` when nothing is found."""
-        return pipeline.knowledge_search(self, query, settings=settings, knowledge_ids=knowledge_ids,
-                                         rerank_fails=rerank_fails, kb_types=kb_types)
+        """WeKnora's knowledge-search with ``settings`` (see :mod:`.pipeline`); ``[]`` when nothing is found.
+
+        The engine is deterministic and what it serves does not change while it serves, so the same search
+        (query, settings, knowledge ids, knowledge base types, reranker failing or not) is run once and its hits
+        kept (the :data:`SEARCH_MEMORY` most recently used): chat runs its search again for every message, a
+        collection's repeats ask the same. Each call gets hits of its own (copies).
+        """
+        key = (query, settings, None if knowledge_ids is None else tuple(knowledge_ids), rerank_fails,
+               None if kb_types is None else tuple(kb_types))
+        with self._searches_lock:
+            hits = self._searches.get(key)
+            if hits is not None:
+                self._searches.move_to_end(key)
+        if hits is None:
+            hits = pipeline.knowledge_search(self, query, settings=settings, knowledge_ids=knowledge_ids,
+                                             rerank_fails=rerank_fails, kb_types=kb_types)
+            with self._searches_lock:
+                self._searches[key] = hits
+                while len(self._searches) > SEARCH_MEMORY:
+                    self._searches.popitem(last=False)
+        return [replace(h, sub_chunk_ids=list(h.sub_chunk_ids)) for h in hits]
 
     def merged_content(self, hit: Hit) -> str:
         """The text of a result: what the pipeline made of it, else its chunk and absorbed ones in document order."""
