@@ -250,3 +250,24 @@ def test_the_json_summary_is_keyed_by_stage_whatever_the_number_of_stages():
     assert three["summary"] == {"vector": {"hit@1": 1.0}, "hybrid": {"hit@1": 0.0}, "final": {"hit@1": 1.0}}
     assert list(three["tiers"]) == ["vector", "hybrid", "final"]
     assert json.loads(json.dumps(one))["counts"] == one["counts"]
+
+
+def test_codes_made_once_score_as_the_table_they_were_made_from_merged_results_and_all():
+    from weknora_nb.core.scoring import result_codes
+    from weknora_nb.core.testset import TestSet
+
+    ts = TestSet.from_records([{"query_id": "q1", "query": "x", "relevant": {"c2": 2, "c3": 1}},
+                               {"query_id": "q2", "query": "y", "relevant": {"c9": 1}}])
+    table = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "stage": "final", "repeat": 1, "rank": [1, 2, 1],
+                          "chunk_id": ["c1", "c4", "c9"], "score": [0.9, 0.8, 0.7], "status": "ok",
+                          "sub_chunk_ids": ['["c2", "c3"]', None, None]})
+    codes = result_codes(table)
+    assert codes.unfolded == 2
+    same_scores(score(ts, codes, METRICS), score(ts, table, METRICS))
+    assert score(ts, codes, METRICS).counts.n_sub_chunks_expanded == 2
+    with pytest.raises(UsageError, match="sub_chunks must be"):
+        score(ts, codes, METRICS, sub_chunks="ignore")  # unfolded already: the table can be scored that way
+    recall = {how: score(ts, table, ["recall@3"], sub_chunks=how).summary_wide().loc["final", "recall@3"]
+              for how in ("ignore", "expand")}
+    assert recall == {"ignore": 0.5, "expand": 1.0}
+    assert score(ts, codes, ["recall@3"]).summary_wide().loc["final", "recall@3"] == 1.0

@@ -117,9 +117,17 @@ def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool) ->
     with _worker_logging(context) as queue, ProcessPoolExecutor(
             max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker,
             initargs=(queue, logging.getLogger().getEffectiveLevel())) as pool:
-        futures = [pool.submit(measure_version, j) for j in quiet]
+        longest_first = sorted(range(len(jobs)), key=lambda i: _weight(jobs[i]), reverse=True)
+        submitted = {i: pool.submit(measure_version, quiet[i]) for i in longest_first}  # workers end together
+        futures = [submitted[i] for i in range(len(jobs))]
         _wait_for_versions(futures, [j.version for j in jobs], progress)
         return [f.result() for f in futures]
+
+
+def _weight(job: VersionJob) -> tuple[bool, bool, int]:
+    """How long a version takes, roughly, to order them: judged ones first, then those of the full test set (not
+    the FAQ's), then by their number of stages."""
+    return job.judge, not job.faq, len(job.stages.split(","))
 
 
 def _wait_for_versions(futures: list[Future[RunSummary]], names: list[str], progress: bool) -> None:

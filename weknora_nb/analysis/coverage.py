@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from weknora_nb.core.results import ResultCodes
 from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import score
 from weknora_nb.core.testset import TestSet
@@ -33,7 +34,8 @@ COVERAGE_K = 10
 COVERAGE_DROP = 0.05
 
 
-def _judged_means(testset: TestSet, results: pd.DataFrame, k: int, stages: list[str] | None) -> pd.Series:
+def _judged_means(testset: TestSet, results: pd.DataFrame | ResultCodes, k: int,
+                  stages: list[str] | None) -> pd.Series:
     sc = score(testset, results, [f"judged@{k}"], stages=stages)
     return sc.summary_wide()[f"judged@{k}"]
 
@@ -44,7 +46,7 @@ def coverage_table(runs: Iterable[Run], *, k: int = COVERAGE_K, stages: Iterable
     rows = {}
     for run in runs:
         present = [s for s in (wanted or run.stages) if s in run.stages]
-        rows[run.name] = _judged_means(run.testset, run.results, k, present) if present else pd.Series(dtype=float)
+        rows[run.name] = _judged_means(run.testset, run.codes, k, present) if present else pd.Series(dtype=float)
     return pd.DataFrame(rows).T
 
 
@@ -100,14 +102,14 @@ def coverage_bounds(base: Run, other: Run, stage: str, metrics: Iterable[str], *
 
 
 def _mean(testset: TestSet, run: Run, metric: str, stage: str) -> float:
-    return float(score(testset, run.results, [metric], stages=[stage]).summary_wide().loc[stage, metric])
+    return float(score(testset, run.codes, [metric], stages=[stage]).summary_wide().loc[stage, metric])
 
 
 def coverage_warning(base: Run, other: Run, stage: str, *, k: int = COVERAGE_K,
                      threshold: float = COVERAGE_DROP) -> str | None:
     """A sentence when ``other``'s judged@K at ``stage`` is below ``base``'s by more than ``threshold``."""
-    a = float(_judged_means(base.testset, base.results, k, [stage]).get(stage, float("nan")))
-    b = float(_judged_means(other.testset, other.results, k, [stage]).get(stage, float("nan")))
+    a = float(_judged_means(base.testset, base.codes, k, [stage]).get(stage, float("nan")))
+    b = float(_judged_means(other.testset, other.codes, k, [stage]).get(stage, float("nan")))
     if not (a - b > threshold):
         return None
     return (f"{other.name} has fewer labelled chunks in its top {k} than {base.name} at stage {stage} "

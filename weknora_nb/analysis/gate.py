@@ -203,7 +203,7 @@ def _scores_for(run: Run, metrics: list[str]) -> Scores:
     """The run's scores when they hold ``metrics``, else the run scored again with them."""
     if all(m in run.scores.metric_names for m in metrics):
         return run.scores
-    return score(run.testset, run.results, metrics=list(dict.fromkeys([*run.scores.metric_names, *metrics])))
+    return score(run.testset, run.codes, metrics=list(dict.fromkeys([*run.scores.metric_names, *metrics])))
 
 
 @dataclass

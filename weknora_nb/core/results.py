@@ -311,7 +311,9 @@ class ResultCodes:
     ``stages``, ``chunks`` and ``statuses`` (object arrays of str); -1 marks an empty
     value (missing, or only whitespace). ``rank`` and ``repeat`` are integers, 0 where the
     matching ``*_na`` mask (None when nothing is missing) is True. A column holding one
-    value throughout may be a read-only broadcast view (no memory per row).
+    value throughout may be a read-only broadcast view (no memory per row). ``unfolded``: the number of
+    absorbed chunks placed after their results when the codes were made from a table with merged
+    results unfolded (:func:`weknora_nb.core.scoring.result_codes`), else None.
     """
 
     query: np.ndarray
@@ -327,6 +329,7 @@ class ResultCodes:
     repeat_na: np.ndarray | None = None
     rank_na: np.ndarray | None = None
     latency_ms: np.ndarray | None = None
+    unfolded: int | None = None
 
     def __len__(self) -> int:
         return len(self.query)
@@ -337,7 +340,7 @@ class ResultCodes:
             return None if a is None else a[idx]
         return ResultCodes(self.query[idx], self.queries, self.stage[idx], self.stages, self.repeat[idx],
                            self.rank[idx], self.chunk[idx], self.chunks, self.status[idx], self.statuses,
-                           t(self.repeat_na), t(self.rank_na), t(self.latency_ms))
+                           t(self.repeat_na), t(self.rank_na), t(self.latency_ms), self.unfolded)
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame) -> ResultCodes:

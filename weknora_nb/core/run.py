@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,8 @@ import pandas as pd
 
 from weknora_nb.core.errors import InputError, NotComparableError, RunFolderError, UsageError, reading
 from weknora_nb.core.pipeline import focus_stage
-from weknora_nb.core.results import read_results
-from weknora_nb.core.scoring import Scores, score
+from weknora_nb.core.results import ResultCodes, read_results
+from weknora_nb.core.scoring import Scores, result_codes, score
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.core.weknora import SETTINGS_SOURCES, effective_retrieval_config
 
@@ -74,6 +74,16 @@ class Run:
     scores: Scores
     #: the hash of the test-set version the run was re-scored on, when not the one it was collected with
     rescored_on: str | None = None
+    _codes: ResultCodes | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def codes(self) -> ResultCodes:
+        """The results as :func:`~weknora_nb.core.scoring.score` scores them (merged results unfolded, rows
+        checked), made once: ``score(ts, run.codes, ...)`` skips both steps. A Run is its folder as loaded:
+        change ``results`` in place and the codes (like ``scores``) no longer follow it; filter a copy."""
+        if self._codes is None:
+            self._codes = result_codes(self.results, source=str(self.path / RESULTS))
+        return self._codes
 
     @property
     def name(self) -> str:
@@ -336,8 +346,10 @@ def load_run(path: str | Path, *, testset: TestSet | str | Path | None = None,
     if not (p / RESULTS).is_file():
         raise RunFolderError(f"{p} holds no {RESULTS}: the collection has not finished (resume it with --resume)")
     results = read_results(p / RESULTS)
-    scores = score(ts, results, metrics, source=str(p / RESULTS), domain_adjustment=domain_adjustment)
-    return Run(p, manifest, results, ts, scores, rescored_on=ts.hash if recorded and recorded != ts.hash else None)
+    codes = result_codes(results, source=str(p / RESULTS))
+    scores = score(ts, codes, metrics, source=str(p / RESULTS), domain_adjustment=domain_adjustment)
+    return Run(p, manifest, results, ts, scores, rescored_on=ts.hash if recorded and recorded != ts.hash else None,
+               _codes=codes)
 
 
 def _recorded_testset(run_dir: Path, manifest: dict[str, Any]) -> Path:

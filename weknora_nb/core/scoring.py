@@ -59,7 +59,7 @@ from weknora_nb.core.results import ResultCodes, expand_sub_chunks, extremes, re
 from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
 
-__all__ = ["Counts", "Scores", "score", "score_files"]
+__all__ = ["Counts", "Scores", "score", "score_files", "result_codes"]
 
 
 log = logging.getLogger(__name__)
@@ -687,15 +687,32 @@ def _read(results: pd.DataFrame | ResultCodes | str | os.PathLike, sub_chunks: s
         results = read_results_for_scoring(Path(results))
     source = source or "<results>"
     if not isinstance(results, pd.DataFrame):
-        return results, 0, source
-    n_expanded = 0
+        if results.unfolded is not None and sub_chunks != "expand":
+            raise UsageError(argument="sub_chunks", allowed='"expand" for codes whose merged results are unfolded '
+                             "(score the results table to ignore them)", got=sub_chunks)
+        return results, results.unfolded or 0, source
     if sub_chunks == "expand":
-        results, n_expanded = expand_sub_chunks(results)
+        rc = result_codes(results, source=source)
+        return rc, rc.unfolded or 0, source
+    return _checked_codes(results, source), 0, source
+
+
+def result_codes(results: pd.DataFrame, *, source: str = "<results>") -> ResultCodes:
+    """A results table as the codes :func:`score` scores: merged results unfolded (:func:`expand_sub_chunks`,
+    their number in :attr:`ResultCodes.unfolded`), rows checked (a :class:`ResultsError` naming ``source``).
+    Scoring the codes again and again skips both steps: what a :class:`~weknora_nb.core.run.Run` keeps."""
+    expanded, n_expanded = expand_sub_chunks(results)
+    rc = _checked_codes(expanded, source)
+    rc.unfolded = n_expanded
+    return rc
+
+
+def _checked_codes(results: pd.DataFrame, source: str) -> ResultCodes:
     rc = ResultCodes.from_frame(results)
     bad = rc.check(source)  # a table built by hand gets read_results's row checks too (reductions: cheap)
     if bad:
         raise ResultsError(source, bad)
-    return rc, n_expanded, source
+    return rc
 
 
 def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
