@@ -94,7 +94,7 @@ def main() -> int:
         report("test-fast", steps["test-fast"])
     if not args.fast:
         bin_dir = Path(py).parent
-        steps["test"] = [run("ruff check weknora_nb", [str(bin_dir / "ruff"), "check", "weknora_nb"]),
+        steps["test"] = [run("ruff check", [str(bin_dir / "ruff"), "check", "weknora_nb", "tests", "benchmarks"]),
                          run("mypy", [str(bin_dir / "mypy")]),
                          run("pytest (everything)", [py, "-m", "pytest", *opts])]
         report("test", steps["test"])

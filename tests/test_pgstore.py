@@ -188,6 +188,27 @@ def test_a_reader_role_reads_with_its_password_and_cannot_write(index):
         psycopg.connect(dsn)
 
 
+def test_reader_roles_made_and_dropped_at_once_on_one_database_all_work(index):
+    # servers of one database (the demo's baseline and rerank) hand out roles at the same time: grants on one
+    # schema from two sessions at once can fail ("tuple concurrently updated") unless they take turns
+    from concurrent.futures import ThreadPoolExecutor
+
+    from weknora_nb.sandbox.pgcluster import cluster
+
+    with SandboxServer("baseline", data_dir=MINI, api_key=KEY) as sb:
+        dbname, pg = sb.sandbox.engine.vectors.dbname, cluster()
+        roles = [f"weknora_nb_test_race_{secrets.token_hex(3)}_{i}" for i in range(12)]
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda r: pg.ensure_reader(dbname, r, "pw-" + r), roles))
+        for r in roles:
+            with psycopg.connect(sb.sandbox.engine.vectors.dsn(user=r, password="pw-" + r)) as conn:
+                assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 8
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda r: pg.drop_role(dbname, r), roles))
+        with pg.connect() as admin:
+            assert admin.execute("SELECT count(*) FROM pg_roles WHERE rolname = ANY(%s)", (roles,)).fetchone()[0] == 0
+
+
 def test_a_fault_naming_an_unknown_chunk_is_a_config_error(index, versions):
     with pytest.raises(ConfigError, match="integrity names unknown chunks: nope"):
         _ = RetrievalEngine(index, replace(versions["baseline"], integrity_deleted_chunks=("nope",))).vectors

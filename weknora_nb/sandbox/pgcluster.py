@@ -19,7 +19,8 @@ import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,27 +106,29 @@ class PgCluster:
         return self.dsn(name)
 
     def ensure_reader(self, dbname: str, role: str, password: str) -> None:
-        """A role that can log in with ``password`` and only read ``dbname``'s tables (SELECT)."""
+        """A role that can log in with ``password`` and only read ``dbname``'s tables (SELECT).
+
+        Roles are made and dropped under one advisory lock, grants included: two sessions granting on one
+        schema at once can fail ("tuple concurrently updated"), and servers of one database start together."""
         from psycopg import sql
 
-        with self.connect() as admin:
-            admin.execute("SELECT pg_advisory_lock(hashtext('weknora-nb roles'))")
+        with self.connect() as admin, self.connect(dbname) as db, _roles_lock(admin):
             exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
             verb = "ALTER" if exists else "CREATE"
-            admin.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
-                sql.Identifier(role), sql.Literal(password)))
+            admin.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}")
+                          .format(sql.Identifier(role), sql.Literal(password)))
             admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname),
                                                                                sql.Identifier(role)))
-            admin.execute("SELECT pg_advisory_unlock(hashtext('weknora-nb roles'))")
-        with self.connect(dbname) as db:
             db.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(role)))
             db.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(sql.Identifier(role)))
 
     def drop_role(self, dbname: str, role: str) -> None:
-        """Drop a role made by :meth:`ensure_reader` for ``dbname`` (its grants first; nothing if it is gone)."""
+        """Drop a role made by :meth:`ensure_reader` for ``dbname`` (nothing if it is gone): ``DROP OWNED`` in
+        ``dbname`` revokes its grants there and on the database itself, then the role goes; under the roles'
+        lock (see :meth:`ensure_reader`)."""
         from psycopg import sql
 
-        with self.connect(dbname) as db:
+        with self.connect(dbname) as db, _roles_lock(db):
             if db.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
                 return
             db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
@@ -163,3 +166,14 @@ def _quote(value: str) -> str:
     if value and not any(c in value for c in " '\\"):
         return value
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@contextmanager
+def _roles_lock(conn: Any) -> Iterator[None]:
+    """Hold the cluster-wide advisory lock of the reader roles on ``conn``'s session (released at the end, or
+    with the session)."""
+    conn.execute("SELECT pg_advisory_lock(hashtext('weknora-nb roles'))")
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext('weknora-nb roles'))")
