@@ -493,10 +493,12 @@ def test_sandbox_serve_on_a_port_in_use_is_one_line_and_announces_nothing(capsys
 
 
 @pytest.mark.parametrize("faults, message", [
-    ('{"latency_ms": NaN}', "latency_ms must be a finite number >= 0. Got nan instead."),
-    ('{"hang_s": Infinity}', "hang_s must be a finite number >= 0. Got inf instead."),
-    ('{"latency_ms": -5}', "latency_ms must be a finite number >= 0. Got -5 instead."),
-    ('{"error_rate": true}', "error_rate must be a finite number >= 0. Got True instead."),
+    ('{"latency_ms": NaN}', "latency_ms must be a number between 0 and 86400000. Got nan instead."),
+    ('{"hang_s": Infinity}', "hang_s must be a number between 0 and 86400. Got inf instead."),
+    ('{"latency_ms": -5}', "latency_ms must be a number between 0 and 86400000. Got -5 instead."),
+    ('{"error_rate": true}', "error_rate must be a number between 0 and 1. Got True instead."),
+    ('{"latency_sigma": 1e300}', "latency_sigma must be a number between 0 and 4. Got 1e+300 instead."),
+    ('{"latency_ms": 1' + "0" * 400 + '}', "latency_ms must be a number between 0 and 86400000. Got 1"),
     ('{"seed": [1]}', "seed must be an integer or null. Got [1] instead."),
     ("[" * 100_000, "nested too deeply"),
 ])
