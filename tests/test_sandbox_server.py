@@ -334,8 +334,8 @@ def test_a_remembered_answer_still_gets_its_latency(client, server):
     assert time.perf_counter() - t >= 0.12 and again.content == first.content
 
 
-def test_answer_memory_keeps_the_most_recently_used():
-    assert SEARCH_CACHE_SIZE == 8192 and AnswerMemory().size == SEARCH_CACHE_SIZE
+def test_answer_memory_keeps_the_most_recently_used(server):
+    assert SEARCH_CACHE_SIZE == 8192 and server.sandbox.answers.size == SEARCH_CACHE_SIZE
     memory = AnswerMemory(size=2)
     memory.keep(("/a", b"1"), b"A")
     memory.keep(("/a", b"2"), b"B")

@@ -38,7 +38,6 @@ import hashlib
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +51,7 @@ from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_conf
 from weknora_nb.sandbox import pipeline
 from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES, Chunk, faq_index_texts, index_text
 from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelease
+from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit, PipelineSettings
 from weknora_nb.sandbox.textutil import clean_passage, simple_tokens
 from weknora_nb.sandbox.tokenize import tokenize
@@ -717,8 +717,7 @@ class RetrievalEngine:
         #: without embeddings rows (found by neither path: WeKnora's keyword search reads the same table, C74)
         self.deleted = frozenset(index.by_id[c] for c in faults["deleted_chunks"] if c in index.by_id)
         self.unindexed = frozenset(index.by_id[c] for c in faults["without_vectors"] if c in index.by_id)
-        self._searches: OrderedDict[tuple[Any, ...], list[Hit]] = OrderedDict()
-        self._searches_lock = threading.Lock()
+        self._searches: AnswerMemory[list[Hit]] = AnswerMemory(SEARCH_MEMORY)
 
     @property
     def vectors(self) -> Any:
@@ -813,17 +812,11 @@ class RetrievalEngine:
         """
         key = (query, settings, None if knowledge_ids is None else tuple(knowledge_ids), rerank_fails,
                None if kb_types is None else tuple(kb_types))
-        with self._searches_lock:
-            hits = self._searches.get(key)
-            if hits is not None:
-                self._searches.move_to_end(key)
+        hits = self._searches.get(key)
         if hits is None:
             hits = pipeline.knowledge_search(self, query, settings=settings, knowledge_ids=knowledge_ids,
                                              rerank_fails=rerank_fails, kb_types=kb_types)
-            with self._searches_lock:
-                self._searches[key] = hits
-                while len(self._searches) > SEARCH_MEMORY:
-                    self._searches.popitem(last=False)
+            self._searches.keep(key, hits)
         return [replace(h, sub_chunk_ids=list(h.sub_chunk_ids)) for h in hits]
 
     def merged_content(self, hit: Hit) -> str:

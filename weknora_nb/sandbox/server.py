@@ -38,7 +38,6 @@ import json
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -61,6 +60,7 @@ from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, Hit, NegativeMatchC
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddleware
 from weknora_nb.sandbox.history import HistoryPlan, HistoryRoutes, materialise
 from weknora_nb.sandbox.judge import RuleJudge
+from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.wire import (
     BAD_REQUEST,
     INTERNAL,
@@ -119,30 +119,6 @@ def check_loopback(host: str) -> None:
     except ValueError:
         pass
     raise UsageError(argument="host", allowed="a loopback address (127.0.0.0/8, ::1, localhost)", got=host)
-
-
-class AnswerMemory:
-    """Response bodies by key; the least recently used goes past ``size``."""
-
-    def __init__(self, size: int = SEARCH_CACHE_SIZE):
-        self.size = size
-        self._bodies: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._bodies)
-
-    def get(self, key: tuple[Any, ...]) -> bytes | None:
-        """The remembered body (now the most recently used), or None."""
-        body = self._bodies.get(key)
-        if body is not None:
-            self._bodies.move_to_end(key)
-        return body
-
-    def keep(self, key: tuple[Any, ...], body: bytes) -> None:
-        """Remember ``body`` for ``key``, forgetting the least recently used past ``size``."""
-        self._bodies[key] = body
-        if len(self._bodies) > self.size:
-            self._bodies.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -212,7 +188,7 @@ class SandboxApp:
         self.conversations = Conversations(release=self.release, search=self._chat_references, history=made)
         self.history = HistoryRoutes(self.conversations, self.release)
         self.faults = FaultInjector(faults or FaultConfig())
-        self.answers = AnswerMemory(SEARCH_CACHE_SIZE)
+        self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
         self.judge = RuleJudge(self.keys)
         self.embeddings = EmbeddingsEndpoint(self.keys, engine)
