@@ -678,7 +678,7 @@ def test_the_answer_memory_keys_on_tenant_and_request_and_never_keeps_errors(ser
     assert len(memory) == n + 1  # same tenant, same answer
     call(sb, "POST", "/api/v1/knowledge-search", json={"query": "x", "knowledge_base_id": "nope"})
     assert len(memory) == n + 1  # a 500 is never kept
-    assert all(key[0] == sb.release.name for key in memory._bodies)  # keyed on the release
+    assert all(key[0] == sb.release.name for key in memory)  # keyed on the release
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ live on one server's event loop: no lock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["AnswerMemory"]
@@ -25,6 +25,10 @@ class AnswerMemory(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys remembered, the least recently used first."""
+        return iter(list(self._values))
 
     def get(self, key: Hashable) -> V | None:
         """The remembered value (now the most recently used), or None."""
