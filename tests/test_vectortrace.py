@@ -216,3 +216,35 @@ def test_embedding_failures_are_request_failures_without_the_key(server, monkeyp
     _Embeddings.vectors = {"a": []}
     with pytest.raises(ProtocolFailed):
         embed_texts(EmbeddingSettings(server, "fixed"), ["a"])
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    ({"base_url": "ftp://x"}, "--embeddings-url"), ({"model": " "}, "--embeddings-model"),
+    ({"timeout_s": 0}, "timeout_s"), ({"max_attempts": 0}, "max_attempts"), ({"batch_size": True}, "batch_size"),
+])
+def test_embedding_and_judge_settings_are_checked_alike_naming_their_own_options(kwargs, argument):
+    from weknora_nb.collect.llm import LLMSettings
+    from weknora_nb.core.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        EmbeddingSettings(**{"base_url": "http://127.0.0.1:9/v1", "model": "m", **kwargs})
+    assert err.value.argument == argument
+    judge_option = {"--embeddings-url": "--base-url", "--embeddings-model": "--model", "timeout_s": "--timeout",
+                    "max_attempts": "--max-attempts"}.get(argument)
+    if judge_option is not None:
+        with pytest.raises(UsageError) as err:
+            LLMSettings(**{"base_url": "http://127.0.0.1:9/v1", "model": "m", **kwargs})
+        assert err.value.argument == judge_option
+
+
+def test_settings_show_their_url_redacted_and_keep_their_defaults():
+    from weknora_nb.collect.client import ClientSettings
+    from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
+
+    url = "http://user:secret@127.0.0.1:9/v1?api_key=secret"
+    for settings in (EmbeddingSettings(url, "m"), LLMSettings(url, "m"), ClientSettings(url)):
+        shown = repr(settings)
+        assert shown.startswith(type(settings).__name__ + "(base_url=") and "secret" not in shown
+    e, j = EmbeddingSettings(url, "m"), LLMSettings(url, "m")
+    assert (e.api_key_env, e.timeout_s, e.max_connections, e.batch_size) == (EMBEDDINGS_API_KEY_ENV, 60.0, 4, 32)
+    assert (j.api_key_env, j.timeout_s, j.max_connections, j.backoff_base_s) == (JUDGE_API_KEY_ENV, 120.0, 16, 1.0)

@@ -28,14 +28,14 @@ import random
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
 from weknora_nb.collect.envelope import route_missing, unwrap
-from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url
+from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url, settings_repr
 from weknora_nb.collect.retry import with_retries
 from weknora_nb.core.errors import (
     AuthFailed,
@@ -109,9 +109,7 @@ class ClientSettings:
 
     def __repr__(self) -> str:
         """The settings with the base URL's secrets masked (:func:`redact_url`)."""
-        shown = ", ".join(f"{f.name}={redact_url(v) if f.name == 'base_url' else v!r}" for f in fields(self)
-                          for v in [getattr(self, f.name)])
-        return f"ClientSettings({shown})"
+        return settings_repr(self)
 
     def __post_init__(self) -> None:
         if not _is_base_url(self.base_url):

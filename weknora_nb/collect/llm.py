@@ -39,8 +39,9 @@ from typing import Any, TypeVar
 import httpx
 
 from weknora_nb.collect.client import server_address, split_base_url
-from weknora_nb.collect.redact import check_http_url, install_log_redaction, redact_text, settings_repr
+from weknora_nb.collect.redact import install_log_redaction, redact_text
 from weknora_nb.collect.retry import retry_after, with_retries
+from weknora_nb.collect.service import ServiceSettings
 from weknora_nb.core.errors import (
     AuthFailed,
     BadRequest,
@@ -86,33 +87,14 @@ def estimate_message_tokens(messages: Sequence[dict[str, str]]) -> int:
     return sum(estimate_tokens(m.get("content", "")) + _PER_MESSAGE for m in messages) + _PER_REPLY
 
 
-@dataclass
-class LLMSettings:
-    """How to reach an OpenAI-compatible server. The key itself is never a setting: only the variable
-    that holds it. Checked when made (a :class:`UsageError` names the command-line option)."""
+@dataclass(repr=False)
+class LLMSettings(ServiceSettings):
+    """How to reach an OpenAI-compatible server (:class:`~weknora_nb.collect.service.ServiceSettings`): the key
+    from ``$WEKNORA_NB_JUDGE_API_KEY`` by default; errors name ``--base-url``, ``--model``, ``--timeout`` and
+    ``--max-attempts``."""
 
-    base_url: str
-    model: str
     api_key_env: str = JUDGE_API_KEY_ENV
     timeout_s: float = 120.0
-    connect_timeout_s: float = 10.0
-    max_attempts: int = 4
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 30.0
-    retry_after_max_s: float = 60.0
-    max_connections: int = 16
-
-    def __repr__(self) -> str:
-        return settings_repr(self)
-
-    def __post_init__(self) -> None:
-        check_http_url(self.base_url, argument="--base-url")
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise UsageError(argument="--model", allowed="a model name the server serves", got=self.model)
-        if not _positive(self.timeout_s):
-            raise UsageError(argument="--timeout", allowed="> 0 (seconds)", got=self.timeout_s)
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise UsageError(argument="--max-attempts", allowed=">= 1", got=self.max_attempts)
 
     @property
     def server(self) -> str:
@@ -126,10 +108,6 @@ class LLMSettings:
             raise UsageError(f"no API key for the judge: set the environment variable {self.api_key_env} "
                              "(the sandbox accepts its own API key, the value of $WEKNORA_API_KEY)")
         return key
-
-
-def _positive(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from weknora_nb.collect.pgcheck import (
     PgSession,
@@ -51,7 +51,8 @@ from weknora_nb.collect.pgcheck import (
     weknora_top_k,
     weknora_vector_limits,
 )
-from weknora_nb.collect.redact import check_http_url, install_log_redaction, redact_text, redact_url, settings_repr
+from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url
+from weknora_nb.collect.service import ServiceSettings
 from weknora_nb.core.errors import (
     AuthFailed,
     BadRequest,
@@ -84,33 +85,30 @@ _TIE_ROOM = 50  # exact rows fetched beyond K, to see the ties at the K-th dista
 
 
 # ------------------------------------------------------------------------------------------ embeddings
-@dataclass
-class EmbeddingSettings:
-    """How to reach an OpenAI-compatible embeddings endpoint serving the knowledge base's model. The key is
-    never a setting: only the variable that holds it (unset: no Authorization header)."""
+@dataclass(repr=False)
+class EmbeddingSettings(ServiceSettings):
+    """How to reach an OpenAI-compatible embeddings endpoint serving the knowledge base's model
+    (:class:`~weknora_nb.collect.service.ServiceSettings`; the key from ``$WEKNORA_NB_EMBEDDINGS_API_KEY`` by
+    default, unset: no Authorization header); texts go ``batch_size`` to a request, with ``dimensions`` asked
+    for when given."""
 
-    base_url: str
-    model: str
     api_key_env: str = EMBEDDINGS_API_KEY_ENV
-    dimensions: int | None = None
-    batch_size: int = 32
     timeout_s: float = 60.0
-    connect_timeout_s: float = 10.0
-    max_attempts: int = 4
     backoff_base_s: float = 0.5
     backoff_max_s: float = 10.0
     retry_after_max_s: float = 30.0
     max_connections: int = 4
+    dimensions: int | None = None
+    batch_size: int = 32
 
-    def __repr__(self) -> str:
-        return settings_repr(self)
+    OPTIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        "base_url": ("--embeddings-url", ""),
+        "model": ("--embeddings-model", "the knowledge base's embedding model name"),
+        "timeout_s": ("timeout_s", "> 0 (seconds)"), "max_attempts": ("max_attempts", ">= 1")}
 
     def __post_init__(self) -> None:
-        check_http_url(self.base_url, argument="--embeddings-url")
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise UsageError(argument="--embeddings-model", allowed="the knowledge base's embedding model name",
-                             got=self.model)
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+        super().__post_init__()
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(argument="batch_size", allowed=">= 1", got=self.batch_size)
 
 
