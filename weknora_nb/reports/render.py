@@ -35,6 +35,7 @@ and each kernel's IPC sockets and connection file live in a private temporary fo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -110,6 +111,7 @@ def _kernel_manager_class() -> type:
             if kw["transport"] == "ipc":
                 kw.setdefault("ip", str(private / "ipc"))
             super().__init__(**kw)
+            self.client_factory = _ready_client_class()
 
         async def _async_cleanup_resources(self, restart: bool = False) -> None:
             await super()._async_cleanup_resources(restart=restart)
@@ -133,6 +135,49 @@ def _kernel_manager_class() -> type:
             while self._clients:
                 self._clients.pop().stop_channels()
     return IPCKernelManager
+
+
+@functools.cache
+def _ready_client_class() -> type:
+    """The kernel client of :func:`_kernel_manager_class`: ready as soon as the kernel has answered.
+
+    jupyter_client's ``wait_for_ready`` asks for ``kernel_info`` until the reply comes on the
+    shell channel and a message on IOPub (its subscription works), then reads IOPub until it
+    has been quiet for 0.2 s. Each page makes two clients (the kernel's reset, papermill's
+    run), so that quiet wait was 0.4 s of idle time a page. This client stops after the first
+    two steps: what the wait would have read is status messages of its ``kernel_info`` requests,
+    and every reader (papermill's client, ``execute_interactive``) skips the messages whose
+    parent is not its own request.
+    """
+    import math
+    from queue import Empty
+
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    class ReadyClient(AsyncKernelClient):
+        async def wait_for_ready(self, timeout: float | None = None) -> None:
+            deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+            while True:
+                self.kernel_info()
+                try:
+                    msg = await self.shell_channel.get_msg(timeout=1)
+                except Empty:
+                    pass
+                else:
+                    if msg["msg_type"] == "kernel_info_reply":
+                        try:
+                            await self.iopub_channel.get_msg(timeout=0.2)
+                        except Empty:
+                            pass   # IOPub not connected yet: ask again
+                        else:
+                            self._handle_kernel_info_reply(msg)
+                            return
+                if not await self.is_alive():
+                    raise RuntimeError("Kernel died before replying to kernel_info")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+
+    return ReadyClient
 
 
 #: what :func:`kernel_setup` saw, for :func:`kernel_reset` (in a kernel's process)
@@ -214,26 +259,36 @@ class _Kernel:
     def __init__(self, name: str):
         self.name = name
         self.km: Any = None
+        self.exporters: dict[bool, Any] = {}   # HTML exporters by no_input: nbconvert is not shared across threads
 
     def render(self, page: _Page) -> float:
         """Execute ``page`` into its ``.ipynb`` and ``.html``; seconds taken. A failing cell: the partial
         notebook and HTML written, then :class:`ReportError` naming the notebook and the cell."""
+        import nbformat
         import papermill as pm
 
         t0 = time.perf_counter()
         try:
             self._ready(page)
-            pm.execute_notebook(page.source, _literal(page.executed), parameters=page.declared, kernel_name=self.name,
-                                progress_bar=False, log_output=False, km=self.km)
+            # the notebook is written once, at its end (or at its failing cell), not at every cell's start and end
+            nb = pm.execute_notebook(page.source, _literal(page.executed), parameters=page.declared,
+                                     kernel_name=self.name, progress_bar=False, log_output=False,
+                                     request_save_on_cell_execute=False, km=self.km)
         except pm.PapermillExecutionError as exc:
-            _to_html(page.executed, page.html, no_input=False)
+            self._to_html(nbformat.read(page.executed, as_version=4), page.html, no_input=False)
             _embed_font([page.html])
             raise ReportError(page.notebook, *_failed_cell(page.executed), exc.ename, str(exc.evalue)[:300],
                               page.html) from exc
         finally:
             self._after()
-        _to_html(page.executed, page.html, no_input=page.no_input)
+        self._to_html(nb, page.html, no_input=page.no_input)
         return time.perf_counter() - t0
+
+    def _to_html(self, nb: Any, html_path: Path, *, no_input: bool) -> None:
+        """:func:`_to_html` with this thread's exporter for ``no_input`` (its templates compiled once)."""
+        if no_input not in self.exporters:
+            self.exporters[no_input] = _exporter(no_input)
+        _to_html(nb, html_path, self.exporters[no_input])
 
     def _ready(self, page: _Page) -> None:
         """A kernel started and set up (when there is none or it died), then reset for ``page``."""
@@ -339,14 +394,17 @@ def _literal(path: Path) -> str:
     return str(path).replace("{", "{{").replace("}", "}}")
 
 
-def _to_html(nb_path: Path, html_path: Path, *, no_input: bool) -> None:
-    import nbformat
+def _exporter(no_input: bool) -> Any:
+    """nbconvert's HTML exporter of the reports (JupyterLab's template; ``no_input``: code cells and prompts hidden)."""
     from nbconvert import HTMLExporter
 
-    nb = nbformat.read(nb_path, as_version=4)
     logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's alt-text notice on every figure
-    exporter = HTMLExporter(template_name="lab", exclude_input=no_input, exclude_input_prompt=no_input,
-                            exclude_output_prompt=no_input)
+    return HTMLExporter(template_name="lab", exclude_input=no_input, exclude_input_prompt=no_input,
+                        exclude_output_prompt=no_input)
+
+
+def _to_html(nb: Any, html_path: Path, exporter: Any) -> None:
+    """Write the executed notebook ``nb`` as the page ``html_path`` with ``exporter`` (:func:`_exporter`)."""
     body, _ = exporter.from_notebook_node(nb)
     # a report opens from disk or an attachment: no scripts fetched from the internet
     body = _EXTERNAL_SCRIPT.sub("", body)
