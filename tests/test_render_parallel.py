@@ -29,6 +29,7 @@ from weknora_nb.reports.render import (
     CACHE_FOLDER,
     ReportRequest,
     _Kernel,
+    _kernel_manager_class,
     _Page,
     default_jobs,
     render_report,
@@ -149,6 +150,31 @@ def test_a_kept_kernel_starts_each_notebook_as_a_new_kernel_would(tmp_path):
     shown = "".join(o.get("text", "") for o in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells[0].outputs)
     assert "said once per place" in shown and f"False 10.0 None {tmp_path} False {cache}" in shown
     assert [c[2] for c in after] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_kernel_client_is_ready_once_the_kernel_answers_and_says_when_the_kernel_died():
+    from jupyter_core.utils import run_sync
+
+    shown: list[str] = []
+    km = _kernel_manager_class()(kernel_name="python3")
+    run_sync(km.start_kernel)()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        run_sync(kc.wait_for_ready)(timeout=60)
+        reply = run_sync(kc.execute_interactive)("print(6 * 7)", timeout=60,
+                                                 output_hook=lambda msg: shown.append(msg["content"].get("text")))
+        assert reply["content"]["status"] == "ok" and "42\n" in shown   # no message of the readiness check read
+        km.stop_clients()
+        run_sync(km.shutdown_kernel)(now=True)
+        dead = km.client()
+        dead.start_channels()
+        with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
+            run_sync(dead.wait_for_ready)(timeout=30)
+    finally:
+        km.stop_clients()
+        run_sync(km.cleanup_resources)()
 
 
 # ---------------------------------------------------------------------------------------
