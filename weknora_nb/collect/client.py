@@ -20,7 +20,6 @@ The API key is read from the environment (``WEKNORA_API_KEY`` by default) and se
 from __future__ import annotations
 
 import html
-import json
 import logging
 import numbers
 import os
@@ -34,7 +33,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from weknora_nb.collect.envelope import route_missing, unwrap
+from weknora_nb.collect.envelope import json_value, route_missing, unwrap
 from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url, settings_repr
 from weknora_nb.collect.retry import with_retries
 from weknora_nb.core.errors import (
@@ -413,7 +412,7 @@ async def _sse_events(resp: httpx.Response, path: str) -> AsyncIterator[dict[str
         if not line.startswith("data:"):
             continue
         try:
-            ev = json.loads(line[5:].strip())
+            ev = json_value(line[5:].strip())
         except ValueError as exc:
             raise ProtocolFailed(f"{path}: an SSE data line is not JSON") from exc
         if isinstance(ev, dict):
