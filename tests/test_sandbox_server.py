@@ -496,7 +496,9 @@ def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
     from weknora_nb.sandbox.engine import E5Embedder
 
     files = sorted(p.name for p in Path(cache_dir).iterdir())
-    assert files == ["embeddings-multilingual-e5-small-q4.npz", "embeddings-use-multilingual-v3.npz"]
+    assert [f for f in files if not f.startswith("tokens-")] == ["embeddings-multilingual-e5-small-q4.npz",
+                                                                "embeddings-use-multilingual-v3.npz"]
+    assert {f.split("-")[1] for f in files if f.startswith("tokens-")} == {"bm25", "simple"}  # sandbox/tokencache.py
     emb = E5Embedder(Path(cache_dir))
 
     def must_not_run(texts):

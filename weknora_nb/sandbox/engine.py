@@ -29,7 +29,8 @@
   WeKnora's thresholds 0.2 / 0.15 (C36) and its 0.6 / 0.3 / 0.1 composite (C38) are meant.
   ``multilingual-e5-small-q4`` is the cosine alone.
 
-Passage embeddings are computed once and cached on disk (keyed by model and text).
+Passage embeddings are computed once and cached on disk (keyed by model and text), and so are the texts' tokens
+(:mod:`.tokencache`: the BM25 corpora, MMR's token sets).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelea
 from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit, PipelineSettings
 from weknora_nb.sandbox.textutil import clean_passage, simple_tokens
+from weknora_nb.sandbox.tokencache import TokenCache
 from weknora_nb.sandbox.tokenize import tokenize
 
 __all__ = ["ModelMissingError", "NegativeMatchCount", "VersionConfig", "load_versions", "SandboxIndex",
@@ -592,7 +594,8 @@ class SandboxIndex:
     def passage_tokens(self, idx: int) -> frozenset[str]:
         """Simple tokens of :meth:`rerank_passage` (computed once for every chunk, for MMR)."""
         if self._passage_tokens is None:
-            self._passage_tokens = [simple_tokens(t) for t in self._texts["rerank"]]
+            cached = TokenCache(self.cache_dir, "simple", simple_tokens).tokens(self._texts["rerank"])
+            self._passage_tokens = [frozenset(t) for t in cached]
         return self._passage_tokens[idx]
 
     # -- components, built on first use and kept ---------------------------------------
@@ -633,7 +636,8 @@ class SandboxIndex:
             retriever = None
             if rows:
                 retriever = bm25s.BM25(k1=k1, b=b)
-                retriever.index([tokenize(texts[i]) for i in rows], show_progress=False)
+                retriever.index(TokenCache(self.cache_dir, "bm25", tokenize).tokens([texts[i] for i in rows]),
+                                show_progress=False)
             self._bm25[key] = (retriever, rows)
         retriever, rows = self._bm25[key]
         return None if retriever is None else (retriever, rows)
