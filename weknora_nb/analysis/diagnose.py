@@ -92,11 +92,13 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 
 from weknora_nb.core.pipeline import role_of, stage_order, upstream
@@ -259,25 +261,68 @@ class KnowledgeBase:
     content: dict[str, str] = field(default_factory=dict)  # chunk_id -> text
 
     @classmethod
-    def of(cls, inventory: pd.DataFrame | None, lists: Mapping[tuple[str, str], pd.DataFrame]) -> KnowledgeBase:
-        """From the inventory, completed with the positions the returned lists carry for chunks it lacks."""
+    def of(cls, inventory: pd.DataFrame | None, listed: pd.DataFrame) -> KnowledgeBase:
+        """From the inventory, completed with the positions the returned lists carry for chunks it lacks
+        (``listed``: every list's rows, one list after another, :func:`_lists`; a chunk's first row with a
+        position counts)."""
         enabled: set[str] | None = None
         pos: dict[str, tuple[str, int]] = {}
         content: dict[str, str] = {}
         if inventory is not None and len(inventory):
             inv = inventory
             enabled = set(inv.loc[inv["is_enabled"].fillna(True).astype(bool), "chunk_id"].astype(str))
-            pos = {c: (kid, int(i)) for c, kid, i in inv[["chunk_id", "knowledge_id", "chunk_index"]].itertuples(
-                index=False) if pd.notna(i)}
+            pos = {c: (kid, int(i)) for c, kid, i in zip(*_columns(inv, "chunk_id", "knowledge_id", "chunk_index"),
+                                                         strict=True) if pd.notna(i)}
             if "content" in inv.columns:
-                content = {str(c): str(t) for c, t in zip(inv["chunk_id"], inv["content"], strict=True)
+                content = {str(c): str(t) for c, t in zip(*_columns(inv, "chunk_id", "content"), strict=True)
                            if isinstance(t, str) and t}
-        for lst in lists.values():
-            if "chunk_index" in lst.columns:
-                for c, kid, i in lst[["chunk_id", "knowledge_id", "chunk_index"]].itertuples(index=False):
-                    if pd.notna(i) and c not in pos:
-                        pos[c] = (kid, int(i))
+        if "chunk_index" in listed.columns:
+            placed = listed[listed["chunk_index"].notna()]
+            for c, kid, i in zip(*_columns(placed, "chunk_id", "knowledge_id", "chunk_index"), strict=True):
+                if c not in pos:
+                    pos[c] = (kid, int(i))
         return cls(enabled, pos, content)
+
+
+def _columns(frame: pd.DataFrame, *names: str) -> list[list[Any]]:
+    """The columns ``names`` of ``frame`` as Python lists (the values iterating the frame gives)."""
+    return [frame[n].tolist() for n in names]
+
+
+class Listing:
+    """One list (a results frame) read once: its chunk ids in order, where each chunk id first appears, and
+    its columns as Python lists (read on first use). It holds the frame, so ``id(frame)`` names it while
+    it lives."""
+
+    def __init__(self, frame: pd.DataFrame, columns: dict[str, list[Any]] | None = None) -> None:
+        """``columns``: the frame's columns as lists when already read (else read on first use)."""
+        self.frame = frame
+        self._columns: dict[str, list[Any]] = columns or {}
+        self.ids: list[str] = self.column("chunk_id")
+        self.first: dict[str, int] = {}
+        for i, c in enumerate(self.ids):
+            self.first.setdefault(c, i)
+
+    def column(self, name: str) -> list[Any]:
+        """Column ``name`` as a list (row order)."""
+        values = self._columns.get(name)
+        if values is None:
+            values = self._columns[name] = self.frame[name].tolist()
+        return values
+
+    @cached_property
+    def names(self) -> list[str]:
+        """The frame's column names."""
+        return self.frame.columns.tolist()
+
+    def row(self, chunk_id: str) -> dict[str, Any] | None:
+        """The chunk's first row (column -> value), or None when the list lacks it."""
+        at = self.first.get(chunk_id)
+        return None if at is None else {c: self.column(c)[at] for c in self.names}
+
+    def value(self, chunk_id: str, column: str) -> Any:
+        """``column`` of the chunk's first row (the chunk is in the list)."""
+        return self.column(column)[self.first[chunk_id]]
 
 
 @dataclass
@@ -290,7 +335,8 @@ class DegradedQuery:
     result's chunk id. ``paths`` maps a pipeline role (``vector``, ``keyword``, ``hybrid``,
     ``final``) to the list of the upstream stage with that role; ``relevant`` maps each chunk of
     grade >= 1 to its grade; ``rerank_scores``: (model score, base score) of chunks of this query
-    that any knowledge-search list of the run reranked.
+    that any knowledge-search list of the run reranked. ``listings``: each list read once
+    (:class:`Listing`, by ``id`` of the frame), shared by the queries of one diagnosis.
     """
 
     query_id: str
@@ -305,6 +351,7 @@ class DegradedQuery:
     rerank_scores: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     #: the vector-store trace of this query (collect.vectortrace): chunk id -> its row at the largest K
     trace: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listings: dict[int, Listing] = field(default_factory=dict, repr=False)
 
     @property
     def vector_threshold(self) -> float:
@@ -316,10 +363,17 @@ class DegradedQuery:
         """The keyword threshold the stage applied (0: none, or ignored by the engine)."""
         return self.settings.keyword_threshold or 0.0
 
+    def listing(self, lst: pd.DataFrame) -> Listing:
+        """``lst`` (one of this query's lists) read once."""
+        held = self.listings.get(id(lst))
+        if held is None:
+            held = self.listings[id(lst)] = Listing(lst)
+        return held
+
     @cached_property
     def top(self) -> list[str]:
         """The chunk ids of the stage's top K, best first."""
-        return list(self.returned.head(self.k)["chunk_id"])
+        return self.listing(self.returned).ids[:self.k]
 
     @cached_property
     def lost(self) -> list[str]:
@@ -331,44 +385,44 @@ class DegradedQuery:
         """The list of the upstream path with ``role``, or None when the run has no such stage."""
         return self.paths.get(role)
 
-    def first_rows(self, lst: pd.DataFrame) -> dict[str, int]:
-        """Chunk id -> the position of its first row in ``lst`` (one of this query's lists), built once per list."""
-        held = self._first_rows.get(id(lst))
-        if held is None or held[0] is not lst:
-            positions: dict[str, int] = {}
-            for i, c in enumerate(lst["chunk_id"].tolist()):
-                positions.setdefault(c, i)
-            held = self._first_rows[id(lst)] = (lst, positions)
-        return held[1]
-
-    @cached_property
-    def _first_rows(self) -> dict[int, tuple[pd.DataFrame, dict[str, int]]]:
-        return {}
-
-    def path_ids(self, role: str) -> set[str]:
+    def path_ids(self, role: str) -> AbstractSet[str]:
         """The chunk ids of that path's list (empty when there is no such path)."""
         lst = self.paths.get(role)
-        return set() if lst is None else set(lst["chunk_id"])
+        return frozenset() if lst is None else self.listing(lst).first.keys()
+
+    @cached_property
+    def result_rows(self) -> list[int]:
+        """The positions in ``returned`` of the stage's results proper, one per result as returned (not the
+        neighbours merged into them)."""
+        listing = self.listing(self.returned)
+        if "holder" not in self.returned.columns:
+            return list(range(len(listing.ids)))
+        return [i for i, (c, h) in enumerate(zip(listing.ids, listing.column("holder"), strict=True)) if c == h]
 
     @cached_property
     def results(self) -> pd.DataFrame:
-        """The stage's results proper, one row per result as returned (not the neighbours merged into them)."""
-        r = self.returned
-        return r[r["chunk_id"] == r["holder"]] if "holder" in r.columns else r
+        """The stage's results proper, one row per result as returned (the rows :attr:`result_rows`)."""
+        return self.returned.iloc[self.result_rows]
+
+    def result_values(self, column: str) -> list[Any]:
+        """``column`` of the stage's results proper (:attr:`result_rows`), in order."""
+        values = self.listing(self.returned).column(column)
+        return [values[i] for i in self.result_rows]
 
     @cached_property
     def reranked(self) -> bool:
         """A reranker ran for this query: its list carries rerank scores (:attr:`StageSettings.rerank_column`)."""
         col = self.settings.rerank_column
-        return col in self.returned.columns and bool(self.returned[col].notna().any())
+        return col in self.returned.columns and any(pd.notna(v) for v in self.listing(self.returned).column(col))
 
     @cached_property
     def kept_texts(self) -> dict[str, str]:
         """Each result's text as the chunk listing has it: its chunk then the chunks merged into it."""
         if not self.kb.content or "holder" not in self.returned.columns:
             return {}
+        listing = self.listing(self.returned)
         out: dict[str, list[str]] = {}
-        for c, h in self.returned[["chunk_id", "holder"]].itertuples(index=False):
+        for c, h in zip(listing.ids, listing.column("holder"), strict=True):
             out.setdefault(str(h), []).append(self.kb.content.get(str(c), ""))
         return {h: "\n".join(t for t in texts if t) for h, texts in out.items()}
 
@@ -379,18 +433,19 @@ class DegradedQuery:
         hyb = self.path("hybrid")
         if hyb is None or not self.kept_texts:
             return len(self.returned)
-        shown = set(self.returned["chunk_id"])
-        depth = hyb.loc[hyb["rank"] <= self.settings.embedding_top_k, "chunk_id"]
+        shown, listing = self.listing(self.returned).first, self.listing(hyb)
+        depth = [c for c, r in zip(listing.ids, listing.column("rank"), strict=True)
+                 if r <= self.settings.embedding_top_k]
         return len(self.returned) + sum(1 for c in depth if c not in shown and LostChunk(self, c).covered_by)
 
     @cached_property
     def kept_composites(self) -> list[float]:
         """C38's score of each reranked result: clamp01(0.6 x model + 0.3 x base + 0.1)."""
-        r = self.results
-        if "model_score" not in r.columns:
+        if "model_score" not in self.returned.columns:
             return []
-        base = r["base_score"] if "base_score" in r.columns else pd.Series(0.0, index=r.index)
-        return [_composite(m, b) for m, b in zip(r["model_score"], base, strict=True) if pd.notna(m)]
+        models = self.result_values("model_score")
+        base = self.result_values("base_score") if "base_score" in self.returned.columns else [0.0] * len(models)
+        return [_composite(m, b) for m, b in zip(models, base, strict=True) if pd.notna(m)]
 
 
 def _composite(model: float, base: float | None) -> float:
@@ -418,28 +473,30 @@ class LostChunk:
     def in_keyword(self) -> bool:
         return self.chunk_id in self.query.path_ids("keyword")
 
-    def _row(self, lst: pd.DataFrame | None) -> pd.Series | None:
-        """The chunk's first row in ``lst`` (None: no list, or not in it)."""
-        if lst is None:
-            return None
-        at = self.query.first_rows(lst).get(self.chunk_id)
-        return None if at is None else lst.iloc[at]
+    def _holding(self, role: str) -> Listing | None:
+        """The upstream path with ``role`` read once, when it holds the chunk (else None)."""
+        lst = self.query.path(role)
+        listing = None if lst is None else self.query.listing(lst)
+        return listing if listing is not None and self.chunk_id in listing.first else None
 
     def path_score(self, role: str) -> float | None:
         """The chunk's score in the upstream path with ``role`` (None: not in it)."""
-        row = self._row(self.query.path(role))
-        return None if row is None or pd.isna(row["score"]) else float(row["score"])
+        listing = self._holding(role)
+        if listing is None:
+            return None
+        score = listing.value(self.chunk_id, "score")
+        return None if pd.isna(score) else float(score)
 
     @cached_property
-    def returned_row(self) -> pd.Series | None:
-        """The chunk's row in the stage's list (it is there, below the top K), or None."""
-        return self._row(self.query.returned)
+    def returned_row(self) -> dict[str, Any] | None:
+        """The chunk's row in the stage's list (it is there, below the top K; column -> value), or None."""
+        return self.query.listing(self.query.returned).row(self.chunk_id)
 
     @cached_property
     def hybrid_rank(self) -> int | None:
         """The chunk's rank in the hybrid list (None: not in it, or no hybrid stage)."""
-        row = self._row(self.query.path("hybrid"))
-        return None if row is None else int(row["rank"])
+        listing = self._holding("hybrid")
+        return None if listing is None else int(listing.value(self.chunk_id, "rank"))
 
     @cached_property
     def threshold_removed(self) -> bool:
@@ -481,7 +538,7 @@ class LostChunk:
     def rerank_score(self) -> tuple[float, float | None] | None:
         """(model score, base score) of the chunk for this query, when a list of the run reranked it."""
         row = self.returned_row
-        if row is not None and "model_score" in row.index and pd.notna(row["model_score"]):
+        if row is not None and "model_score" in row and pd.notna(row["model_score"]):
             base = row.get("base_score")
             return float(row["model_score"]), None if base is None or pd.isna(base) else float(base)
         return self.query.rerank_scores.get(self.chunk_id)
@@ -520,16 +577,40 @@ def _punctuation_only(word: str) -> bool:
 @lru_cache(maxsize=65536)
 def _tokens(text: str) -> frozenset[str]:
     """WeKnora's ``TokenizeSimple``: lower case; jieba search-mode words when the text holds Chinese, else
-    whitespace-separated words; one-character and punctuation-only tokens dropped."""
+    whitespace-separated words; one-character and punctuation-only tokens dropped.
+
+    jieba cuts each run of the characters it segments (``jieba.re_han_default``: Chinese, ASCII letters
+    and digits, ``+#&._%-``) on its own, and yields what lies between runs as single characters and
+    whitespace, all dropped here: a text's tokens are those of its runs, each run cut once
+    (:func:`_run_tokens`) whichever texts hold it (a kept result's text holds its chunks' texts).
+    """
     t = text.lower().strip()
-    words = _jieba().cut_for_search(t, HMM=True) if _CJK.search(t) else t.split()
+    if not _CJK.search(t):
+        return _kept_tokens(t.split())
+    return frozenset().union(*map(_run_tokens, _jieba().re_han_default.findall(t)))
+
+
+@lru_cache(maxsize=65536)
+def _run_tokens(run: str) -> frozenset[str]:
+    """The tokens jieba's search mode gives one run of segmented characters (see :func:`_tokens`)."""
+    return _kept_tokens(_jieba().cut_for_search(run, HMM=True))
+
+
+def _kept_tokens(words: Iterable[str]) -> frozenset[str]:
+    """``words`` stripped, without one-character and punctuation-only ones."""
     return frozenset(w for w in (x.strip() for x in words) if len(w) > 1 and not _punctuation_only(w))
+
+
+@lru_cache(maxsize=65536)
+def _normalised(text: str) -> str:
+    """``text`` in lower case, runs of whitespace made one space, stripped."""
+    return " ".join(text.lower().split())
 
 
 def _overlap(text: str, kept: str) -> str | None:
     """How ``kept`` covers ``text`` as C42's overlap drop sees it: one normalised text contained in the
     other, or >= 85 % of the smaller token set found in the other (``|A & B| / min(|A|, |B|)``)."""
-    a, b = " ".join(text.lower().split()), " ".join(kept.lower().split())
+    a, b = _normalised(text), _normalised(kept)
     if not a or not b:
         return None
     if a in b:
@@ -672,8 +753,7 @@ def _lost_in_fusion(lost: LostChunk) -> list[str]:
     if hyb is None or not (lost.in_vector or lost.in_keyword) or lost.chunk_id in q.path_ids("hybrid"):
         return []
     path = "vector" if lost.in_vector else "keyword"
-    lst = q.paths[path]
-    rank = int(lst.loc[lst["chunk_id"] == lost.chunk_id, "rank"].iloc[0])
+    rank = int(q.listing(q.paths[path]).value(lost.chunk_id, "rank"))
     return [f"{lost.chunk_id} is rank {rank} in the {path} path's list but not in the hybrid list of {len(hyb)} "
             "(fused below match_count)"]
 
@@ -738,9 +818,9 @@ def _rerank_demoted(lost: LostChunk) -> list[str]:
             return []
     elif q.accounted < s.rerank_top_k:
         return []
-    kept = q.results["model_score"].dropna() if "model_score" in q.results.columns else pd.Series(dtype=float)
-    lowest = f", lowest model score {kept.min():.4f}" if len(kept) else ""
-    return [f"{lost.chunk_id} ({lost.where()}) is not among what the reranker kept ({len(q.results)} results once "
+    kept = [m for m in q.result_values("model_score") if pd.notna(m)] if "model_score" in q.returned.columns else []
+    lowest = f", lowest model score {min(kept):.4f}" if kept else ""
+    return [f"{lost.chunk_id} ({lost.where()}) is not among what the reranker kept ({len(q.result_rows)} results once "
             f"merged{lowest})"]
 
 
@@ -779,12 +859,13 @@ def _pushed_down_by_merge(lost: LostChunk) -> list[str]:
     """The result holding the chunk is among the first K, but neighbours merged into the results above it
     put it below K once unfolded."""
     q, row = lost.query, lost.returned_row
-    if row is None or "result" not in row.index:
+    if row is None or "result" not in row:
         return []
     result, rank = int(row["result"]), int(row["rank"])
     if result > q.k or rank <= q.k:
         return []
-    merged = int((q.returned["rank"] < rank).sum()) - int((q.results["rank"] < rank).sum())
+    ranks = q.listing(q.returned).column("rank")
+    merged = sum(1 for r in ranks if r < rank) - sum(1 for i in q.result_rows if ranks[i] < rank)
     return [f"{lost.chunk_id} is in result {result} (of the first {q.k}); {merged} neighbours merged into the "
             f"results above it put it at rank {rank} once unfolded"]
 
@@ -799,7 +880,7 @@ def _cut_by_top_k(lost: LostChunk) -> list[str]:
     h = lost.hybrid_rank
     if h is not None and h > s.embedding_top_k:
         return [f"{lost.chunk_id}: hybrid rank {h} > embedding_top_k {s.embedding_top_k} (the search depth)"]
-    if q.reranked or not lost.searched or lost.covered_by is not None or len(q.results) < s.rerank_top_k:
+    if q.reranked or not lost.searched or lost.covered_by is not None or len(q.result_rows) < s.rerank_top_k:
         return []
     order = " (v0.6.x keeps merged groups in document order, not by score)" if s.release and s.release < (
         0, 7, 2) else ""
@@ -841,9 +922,9 @@ def _whereabouts(q: DegradedQuery) -> list[str]:
         ranks = ", ".join(f"{c} at rank {q.top.index(c) + 1}" for c in q.relevant if c in q.top)
         return [f"every relevant chunk is in the top {q.k} ({ranks}), ranked too low for NDCG@10"]
     out = []
+    listings = [(name, q.listing(lst)) for name, lst in [(q.stage, q.returned), *q.paths.items()]]
     for c in q.lost:
-        spots = [f"{name} rank {int(lst.loc[lst['chunk_id'] == c, 'rank'].iloc[0])}"
-                 for name, lst in [(q.stage, q.returned), *q.paths.items()] if c in set(lst["chunk_id"])]
+        spots = [f"{name} rank {int(listing.value(c, 'rank'))}" for name, listing in listings if c in listing.first]
         out.append(f"{c} (grade {q.relevant[c]}): " + (", ".join(spots) if spots else "in none of the lists"))
     return out
 
@@ -972,21 +1053,44 @@ def degraded_queries(scores: Scores, *, k: int = 10, recall_below: float = 0.3, 
     return bad[["query_id", "stage", rk, nd]].rename(columns={rk: "recall", nd: "ndcg@10"}).reset_index(drop=True)
 
 
-def _lists(results: pd.DataFrame) -> dict[tuple[str, str], pd.DataFrame]:
-    """First successful repeat of each (query, stage), ranked, sub-chunks unfolded, duplicates removed;
-    ``result`` / ``holder``: the position and chunk id of the result each chunk came in."""
+def _lists(results: pd.DataFrame) -> tuple[dict[tuple[str, str], pd.DataFrame], pd.DataFrame]:
+    """First successful repeat of each (query, stage), ranked, sub-chunks unfolded, duplicates removed
+    (a chunk's first row kept), ``rank`` renumbered 1..n; ``result`` / ``holder``: the position and chunk
+    id of the result each chunk came in. Also every list's rows in one frame, one list after another.
+
+    One sort by (query, stage, rank) lays each list out in one block, split at the blocks' starts.
+    """
     df, _ = expand_sub_chunks(results.assign(result=results["rank"], holder=results["chunk_id"]))
     df = df[(df["status"].astype("string") == "ok") & df["chunk_id"].notna()]
     first = df.groupby(["query_id", "stage"], observed=True)["repeat"].transform("min")
     df = df[df["repeat"] == first].sort_values(["query_id", "stage", "rank"])
+    df = df[~df.duplicated(["query_id", "stage", "chunk_id"])]
+    block = df.groupby(["query_id", "stage"], observed=True, sort=False).ngroup().to_numpy()
+    bounds = np.append(np.flatnonzero(np.diff(block, prepend=-1)), len(df))
+    starts, ends = bounds[:-1], bounds[1:]
     keep = [c for c in ("chunk_id", "rank", "score", "knowledge_id", "chunk_index", "base_score", "model_score",
                         "result", "holder") if c in df.columns]
-    out = {}
-    for (q, s), g in df.groupby(["query_id", "stage"], observed=True, sort=False):
-        g = g[keep].drop_duplicates("chunk_id").reset_index(drop=True)
-        g["rank"] = range(1, len(g) + 1)
-        g["holder"] = g["holder"].astype(str)
-        out[(str(q), str(s))] = g
+    listed = df[keep].reset_index(drop=True)
+    listed["rank"] = np.arange(1, len(df) + 1, dtype=np.int64) - np.repeat(starts, ends - starts)
+    listed["holder"] = listed["holder"].astype(str)
+    lists: dict[tuple[str, str], pd.DataFrame] = {}
+    for q, s, a, b in zip(*_columns(df.iloc[starts], "query_id", "stage"), starts.tolist(), ends.tolist(),
+                          strict=True):
+        lst = lists[(str(q), str(s))] = listed.iloc[a:b]
+        lst.index = pd.RangeIndex(b - a)
+    return lists, listed
+
+
+def _listings(lists: Mapping[tuple[str, str], pd.DataFrame], listed: pd.DataFrame) -> dict[int, Listing]:
+    """Each list read once (:class:`Listing`, by ``id`` of the frame), its columns cut from those of ``listed``
+    (the lists' rows one list after another, in order, :func:`_lists`)."""
+    columns = dict(zip(listed.columns, _columns(listed, *listed.columns), strict=True))
+    out: dict[int, Listing] = {}
+    start = 0
+    for lst in lists.values():
+        end = start + len(lst)
+        out[id(lst)] = Listing(lst, {c: values[start:end] for c, values in columns.items()})
+        start = end
     return out
 
 
@@ -1008,7 +1112,7 @@ def _rerank_scores(results: pd.DataFrame, stages: list[str]) -> dict[str, dict[s
         df = df.assign(base_score=float("nan"))
     out: dict[str, dict[str, tuple[float, float | None]]] = {}
     means = df.groupby(["query_id", "chunk_id"], observed=True)[["model_score", "base_score"]].mean()
-    for (q, c), (m, b) in means.iterrows():
+    for (q, c), m, b in zip(means.index, *_columns(means, "model_score", "base_score"), strict=True):
         out.setdefault(str(q), {})[str(c)] = (float(m), None if pd.isna(b) else float(b))
     return out
 
@@ -1052,8 +1156,8 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
     """
     bad = degraded_queries(scores, k=k, recall_below=recall_below, ndcg_below=ndcg_below, stages=stages)
     wanted = results[results["query_id"].astype("string").isin(bad["query_id"].unique())]
-    lists = _lists(wanted)
-    kb = KnowledgeBase.of(inventory, lists)
+    lists, listed = _lists(wanted)
+    kb = KnowledgeBase.of(inventory, listed)
     definitions: dict[str, Mapping[str, Any] | None] = {
         **dict.fromkeys(map(str, results["stage"].unique())), **(stage_definitions or {})}
     config = effective_config(retrieval_config)
@@ -1064,13 +1168,14 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
     relevant = _relevant(testset)
     traces = _traces(vector_trace)
     empty = pd.DataFrame(columns=["chunk_id", "rank", "score", "result", "holder"])
+    listings = _listings(lists, listed)
 
     def degraded(qid: str, stage: str) -> DegradedQuery:
         return DegradedQuery(query_id=qid, stage=stage, role=role_of(stage, definitions.get(stage)), k=k,
                              relevant=relevant.get(qid, {}), returned=lists.get((qid, stage), empty),
                              paths=_upstream_paths(qid, stage, definitions, lists), kb=kb,
                              settings=settings[stage], rerank_scores=rerank_scores.get(qid, {}),
-                             trace=traces.get(qid, {}))
+                             trace=traces.get(qid, {}), listings=listings)
     found = [_find_causes(degraded(qid, stage)) for qid, stage in bad[["query_id", "stage"]].itertuples(index=False)]
     bad = bad.assign(causes=[c for c, _ in found], evidence=[e for _, e in found])
     bad.insert(1, "query", bad["query_id"].map(testset.queries.set_index("query_id")["query"]))
