@@ -43,6 +43,24 @@ def worked_testset():
     ])
 
 
+#: the 250-section document two test modules serve (tests/test_contract_api.py, tests/test_client_weknora.py): one
+#: text, so that the session's embedding cache embeds its passages once a run, not once a module
+BIG_SECTIONS = 250
+BIG_TITLE = '第 {i} 节 <配置> & "引号" \'s'  # characters WeKnora up to v0.6.3 escapes in listings (C53)
+BIG_SECTION_3 = "配置项 <b>timeout</b> & retry 的默认值写在 'app.yaml' 里。"
+
+
+def write_big_documents(root: Path) -> None:
+    """``root/docs/big``: ``long.md``, one chunk per section (titles holding ``<``, ``&`` and quotes; section 3
+    also in its text), and ``short.md`` (one chunk): the knowledge ids ``big.long`` and ``big.short``."""
+    (root / "docs" / "big").mkdir(parents=True)
+    sections = [f"## {BIG_TITLE.format(i=i)}\n\n这是第 {i} 节的内容，讲参数 P{i} 的设置方法与默认值 {i * 3}。"
+                for i in range(BIG_SECTIONS)]
+    sections[3] = f"## {BIG_TITLE.format(i=3)}\n\n{BIG_SECTION_3}"
+    (root / "docs" / "big" / "long.md").write_text("\n\n".join(["# 大文档", *sections]), encoding="utf-8")
+    (root / "docs" / "big" / "short.md").write_text("# 短文档\n\n## 唯一一节\n\n只有一个分块。\n", encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def embedding_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One embedding cache folder for the sandboxes of the whole run (``SandboxServer(cache_dir=...)``), shared by

@@ -41,6 +41,8 @@ from weknora_nb.core.errors import (
 from weknora_nb.core.run import read_manifest
 from weknora_nb.core.testset import TestSet
 
+from .conftest import BIG_SECTIONS, BIG_TITLE, write_big_documents
+
 if TYPE_CHECKING:
     from weknora_nb.sandbox import SandboxServer
 
@@ -676,7 +678,6 @@ def test_a_run_reads_the_servers_facts_from_new_and_old_manifests(release_runs, 
 
 # -- a knowledge of 250 chunks, FAQ chunks, an unset tenant config (C30, C45-C47, C50-C57) -----------------
 
-BIG_TITLE = '第 {i} 节 <配置> & "引号" \'s'  # characters WeKnora up to v0.6.3 escapes in listings (C53)
 FAQ_ENTRIES = [{"id": f"faq-{i:03d}", "group": "g1" if i <= 6 else "g2", "standard_question": f"参数 P{i} 怎么设置？",
                 "similar_questions": [f"P{i} 的默认值"], "negative_questions": [],
                 "answers": [f"P{i} 默认为 {i * 3}。"]} for i in range(1, 13)]
@@ -684,13 +685,11 @@ FAQ_ENTRIES = [{"id": f"faq-{i:03d}", "group": "g1" if i <= 6 else "g2", "standa
 
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory) -> Path:
-    """A data folder: one document of 250 chunks (one per section), 12 FAQ entries in two groups;
-    versions ``plain`` and ``faq`` (no rerank model, no saved tenant config)."""
+    """A data folder: the document of 250 chunks (one per section) and a small one (tests/conftest.py:
+    ``write_big_documents``), 12 FAQ entries in two groups; versions ``plain`` and ``faq`` (no rerank model,
+    no saved tenant config)."""
     root = tmp_path_factory.mktemp("big")
-    (root / "docs" / "big").mkdir(parents=True)
-    sections = ["# 大文档"] + [f"## {BIG_TITLE.format(i=i)}\n\n这是第 {i} 节的内容，讲参数 P{i} 的设置方法与默认值 "
-                               f"{i * 3}。" for i in range(250)]
-    (root / "docs" / "big" / "long.md").write_text("\n\n".join(sections), encoding="utf-8")
+    write_big_documents(root)
     (root / "faq").mkdir()
     (root / "faq" / "faq.jsonl").write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in FAQ_ENTRIES),
                                              encoding="utf-8")
@@ -726,10 +725,11 @@ def big_runs(tmp_path_factory, cache, big_corpus) -> dict[str, Path]:
 @pytest.mark.parametrize("release", ["v0.6.2", "v0.7.2"])
 def test_a_knowledge_of_250_chunks_and_the_faq_chunks_are_inventoried_whole(big_runs, release):
     inv = pd.read_parquet(big_runs[release] / "chunks.parquet")
-    assert inv["chunk_type"].value_counts().to_dict() == {"text": 250, "faq": 12}
-    assert inv["chunk_id"].is_unique and {f"big.long:{i:03d}" for i in range(250)} <= set(inv["chunk_id"])
+    assert inv["chunk_type"].value_counts().to_dict() == {"text": BIG_SECTIONS + 1, "faq": 12}  # + big.short
+    assert inv["chunk_id"].is_unique and {f"big.long:{i:03d}" for i in range(BIG_SECTIONS)} <= set(inv["chunk_id"])
     assert {e["id"] for e in FAQ_ENTRIES} <= set(inv["chunk_id"])
-    assert (inv.loc[inv["chunk_type"] == "text", "knowledge_id"] == "big.long").all()
+    assert inv.loc[inv["chunk_type"] == "text", "knowledge_id"].value_counts().to_dict() == {"big.long": BIG_SECTIONS,
+                                                                                            "big.short": 1}
     assert inv["parse_status"].eq("completed").all() and inv["is_enabled"].all()
     # the content as written, whether or not the server escaped it (C53)
     text = inv.set_index("chunk_id")["content"]

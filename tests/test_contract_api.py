@@ -20,6 +20,8 @@ from weknora_nb.core.weknora import ERROR_CODES
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
 
+from .conftest import BIG_SECTIONS, write_big_documents
+
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-contract-full-0123456789abcdef"
 PLATFORM = "sk-contract-platform-0123456789"
@@ -693,20 +695,16 @@ FAQ_ENTRIES = [
     {"id": "faq-003", "group": "network", "standard_question": "VPN 连不上怎么办？",
      "similar_questions": [], "answers": ["检查客户端版本，并确认错误码 ZL-201 的处理步骤。"]},
 ]
-LONG_SECTIONS = 250
+LONG_SECTIONS = BIG_SECTIONS
 
 
 @pytest.fixture(scope="module")
 def big_kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data folder: one document of 250 sections (so 250 chunks, one with ``<b>`` and ``&``), a small
-    one, three FAQ entries in two groups; versions ``faq`` (serves them) and ``plain`` (does not)."""
+    """A data folder: the document of 250 sections (so 250 chunks, section 3 holding ``<b>`` and ``&``) and a
+    small one (tests/conftest.py: ``write_big_documents``), three FAQ entries in two groups; versions ``faq``
+    (serves them) and ``plain`` (does not)."""
     d = tmp_path_factory.mktemp("big_kb")
-    (d / "docs" / "big").mkdir(parents=True)
-    sections = [f"## 第 {n} 节\n\n第 {n} 节说明编号 S-{n:03d} 的处理方式，适用于 {n % 7} 号机房。\n"
-                for n in range(LONG_SECTIONS)]
-    sections[3] = "## 第 3 节\n\n配置项 <b>timeout</b> & retry 的默认值写在 'app.yaml' 里。\n"
-    (d / "docs" / "big" / "long.md").write_text("# 长文档\n\n" + "\n".join(sections), encoding="utf-8")
-    (d / "docs" / "big" / "short.md").write_text("# 短文档\n\n## 唯一一节\n\n只有一个分块。\n", encoding="utf-8")
+    write_big_documents(d)
     (d / "faq").mkdir()
     (d / "faq" / "faq.jsonl").write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in FAQ_ENTRIES),
                                          encoding="utf-8")

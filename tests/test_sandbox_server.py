@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
@@ -496,8 +497,10 @@ def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
     from weknora_nb.sandbox.engine import E5Embedder
 
     files = sorted(p.name for p in Path(cache_dir).iterdir())
-    assert [f for f in files if not f.startswith("tokens-")] == ["embeddings-multilingual-e5-small-q4.npz",
-                                                                "embeddings-use-multilingual-v3.npz"]
+    assert [f for f in files if f.endswith(".npz")] == ["embeddings-multilingual-e5-small-q4.npz",
+                                                       "embeddings-use-multilingual-v3.npz"]
+    assert {f for f in files if f.endswith(".lock")} <= {"embeddings-multilingual-e5-small-q4.lock",
+                                                         "embeddings-use-multilingual-v3.lock"}  # taken to embed
     assert {f.split("-")[1] for f in files if f.startswith("tokens-")} == {"bm25", "simple"}  # sandbox/tokencache.py
     emb = E5Embedder(Path(cache_dir))
 
@@ -507,6 +510,43 @@ def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
     vecs = emb.passages(build_index(MINI, cache_dir=cache_dir).texts("rerank"))  # what the reranker embeds (C35)
     assert vecs.shape == (8, 384)
     assert abs(float((vecs ** 2).sum(axis=1).mean()) - 1.0) < 1e-3  # L2-normalised
+
+
+#: a process embedding passages with a slow stand-in model, each call logged (``{cache} {log} {texts...}``)
+EMBEDDING_PROCESS = """
+import sys, time
+from pathlib import Path
+import numpy as np
+from weknora_nb.sandbox.engine import Embedder
+
+class Slow(Embedder):
+    name = "slow-test-model"
+    def _embed_passages(self, texts):
+        with open(sys.argv[2], "a") as log:
+            log.write("".join(t + "\\n" for t in texts))
+        time.sleep(0.3)
+        return np.stack([np.full(4, len(t), dtype=np.float32) for t in texts])
+
+print(Slow(Path(sys.argv[1])).passages(sys.argv[3:]).sum())
+"""
+
+
+def test_processes_sharing_a_cache_folder_embed_each_passage_once_and_lose_no_entry(tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "embedded.log"
+    texts = [f"passage {i}" for i in range(40)]
+    procs = [subprocess.Popen([sys.executable, "-c", EMBEDDING_PROCESS, str(tmp_path / "cache"), str(log), *part],
+                              stdout=subprocess.PIPE, text=True)
+             for part in (texts, texts, texts[:10] + [f"other {i}" for i in range(5)])]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    embedded = log.read_text().splitlines()
+    assert sorted(embedded) == sorted(set(texts) | {f"other {i}" for i in range(5)})  # each once, whoever did it
+    assert outs[0] == outs[1]
+    with np.load(tmp_path / "cache" / "embeddings-slow-test-model.npz") as z:
+        assert len(z["keys"]) == 45   # every process's entries kept
 
 
 def test_the_weknora_release_to_emulate(monkeypatch):

@@ -1,4 +1,5 @@
-"""Atomic file writes: every file weknora-nb writes appears whole or not at all."""
+"""Atomic file writes (every file weknora-nb writes appears whole or not at all) and the lock processes take
+in turn to compute a value once for a folder they share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path"]
+__all__ = ["atomic_path", "waiting_lock"]
 
 
 @contextmanager
@@ -25,3 +26,26 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextmanager
+def waiting_lock(lock: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (made, mode 0600, if missing) for the block: processes that
+    take the same lock wait for one another, so that the first computes a value and the others, once they
+    hold it, find it. Released when the block ends or the holder dies. Where no lock file can be made, or
+    there is no ``fcntl`` (not POSIX), the block runs unlocked: two may then compute the same value."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

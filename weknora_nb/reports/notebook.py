@@ -28,8 +28,8 @@ import sys
 import tempfile
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ import pandas as pd
 from IPython.display import HTML, Pretty, display
 
 from weknora_nb.core.errors import WeknoraNbError
+from weknora_nb.core.files import waiting_lock
 from weknora_nb.core.metrics import DEFAULT_METRICS
 from weknora_nb.core.pipeline import role_of
 from weknora_nb.core.run import MANIFEST, RESULTS, Run, flatten, load_run
@@ -538,27 +539,10 @@ def cached(kind: str, key: tuple[str, str] | None, compute: Callable[[], T], *, 
     return value
 
 
-@contextmanager
-def _computing(entry: Path) -> Iterator[None]:
-    """Hold the lock of ``entry``'s slot (a lock file beside it): one process computes a value while
-    the others that need it wait, then read it. Without a lock file (it cannot be made, or no
-    ``fcntl``: not POSIX), no lock: two may then compute the same value."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    lock = entry.parent / (entry.name.rsplit("-", 1)[0] + ".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the holder ends, whatever happens to it
-        yield
-    finally:
-        os.close(fd)
+def _computing(entry: Path) -> AbstractContextManager[None]:
+    """The lock of ``entry``'s slot (a lock file beside it, :func:`weknora_nb.core.files.waiting_lock`): one
+    process computes a value while the others that need it wait, then read it."""
+    return waiting_lock(entry.parent / (entry.name.rsplit("-", 1)[0] + ".lock"))
 
 
 def cached_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0,

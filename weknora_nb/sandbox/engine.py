@@ -29,7 +29,8 @@
   WeKnora's thresholds 0.2 / 0.15 (C36) and its 0.6 / 0.3 / 0.1 composite (C38) are meant.
   ``multilingual-e5-small-q4`` is the cosine alone.
 
-Passage embeddings are computed once and cached on disk (keyed by model and text), and so are the texts' tokens
+Passage embeddings are computed once and cached on disk (keyed by model and text; processes sharing the
+folder take turns, so each passage is embedded once), and so are the texts' tokens
 (:mod:`.tokencache`: the BM25 corpora, MMR's token sets).
 """
 
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from weknora_nb.core.errors import ConfigError, Problem, SandboxError
-from weknora_nb.core.files import atomic_path
+from weknora_nb.core.files import atomic_path, waiting_lock
 from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_config
 from weknora_nb.sandbox import pipeline
 from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES, Chunk, faq_index_texts, index_text
@@ -393,21 +394,35 @@ class Embedder:
             missing = [i for i in missing if keys[i] not in cache]
             if len(missing) < len(keys):
                 self._save_cache(cache)
+        if missing and self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            with waiting_lock(self.cache_dir / f"embeddings-{self.name}.lock"):
+                # a process that held the lock before may have embedded them; saved under the lock, no entry is lost
+                cache.update(self._load_cache(self._cache_file()))
+                missing = [i for i in missing if keys[i] not in cache]
+                self._embed_missing(texts, keys, missing, cache, progress)
+        else:
+            self._embed_missing(texts, keys, missing, cache, progress)
+        return np.stack([cache[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
+
+    def _embed_missing(self, texts: Sequence[str], keys: list[str], missing: list[int], cache: dict[str, np.ndarray],
+                       progress: Callable[[int], None] | None) -> None:
+        """Embed ``texts[i]`` for ``i`` in ``missing`` into ``cache`` (by key) and save it when any was missing."""
         if progress:
             progress(len(keys) - len(missing))
-        if missing:
-            log.info("%s: embedding %d of %d passages (the rest are cached)", self.name, len(missing), len(texts))
-            batch = 32
-            for s in range(0, len(missing), batch):
-                idx = missing[s:s + batch]
-                with self._lock:
-                    vecs = self._embed_passages([texts[i] for i in idx])
-                for i, v in zip(idx, vecs, strict=True):
-                    cache[keys[i]] = v.astype(np.float32)
-                if progress:
-                    progress(len(idx))
-            self._save_cache(cache)
-        return np.stack([cache[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
+        if not missing:
+            return
+        log.info("%s: embedding %d of %d passages (the rest are cached)", self.name, len(missing), len(texts))
+        batch = 32
+        for s in range(0, len(missing), batch):
+            idx = missing[s:s + batch]
+            with self._lock:
+                vecs = self._embed_passages([texts[i] for i in idx])
+            for i, v in zip(idx, vecs, strict=True):
+                cache[keys[i]] = v.astype(np.float32)
+            if progress:
+                progress(len(idx))
+        self._save_cache(cache)
 
     @classmethod
     def key(cls, text: str) -> str:
