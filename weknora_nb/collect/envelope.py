@@ -71,8 +71,8 @@ def json_value(text: bytes | str) -> Any:
     ``json.loads`` as well, so the value, and the ``ValueError`` of text that is not JSON, are
     the standard library's.
     """
-    long = _LONG_BYTES.search(text) if isinstance(text, bytes) else _LONG_TEXT.search(text)
-    if long is None:
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if _LONG_RUN not in data.translate(_DIGITS_AS_ZERO):   # C speed: a regex took 4x orjson's time on 150 KB
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -80,8 +80,10 @@ def json_value(text: bytes | str) -> Any:
     return json.loads(text)
 
 
-#: a run of digits that may be an integer orjson cannot hold (20 digits reach 2**64; 19, 2**63)
-_LONG_BYTES, _LONG_TEXT = re.compile(rb"[0-9]{19}"), re.compile(r"[0-9]{19}")
+#: every ASCII digit as ``0``: a run of 19 digits, an integer orjson may not hold (20 digits reach 2**64; 19,
+#: 2**63), is then a run of 19 zeros (UTF-8 puts no ASCII byte inside a multi-byte character)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
 
 
 def unwrap(resp: httpx.Response, *, envelope: bool = False, tenant_id: str | None = None) -> Any:
