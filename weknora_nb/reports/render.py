@@ -4,7 +4,9 @@
 papermill into ``outputs/reports/<run>/`` (the executed ``.ipynb`` and its ``.html``) and
 writes an ``index.html`` that links them with the headline figures. A notebook that fails
 leaves its partial notebook and HTML (papermill marks the failing cell at the top) and
-raises :class:`ReportError` naming the notebook and the cell.
+raises :class:`ReportError` naming the notebook and the cell. The executed notebook is
+written once, when it ends or a cell fails, not after every cell (papermill's default: two
+writes a cell, 1,000 for the demo's reports): a kernel that dies mid-notebook leaves none.
 
 Each notebook gets only the parameters its ``parameters`` cell declares (run_dir,
 baseline_dirs, interactive=False and the ``parameters`` given; the others are dropped).
