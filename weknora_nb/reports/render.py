@@ -345,14 +345,21 @@ class _Kernel:
         run_sync(km.cleanup_resources)()
 
     def close(self) -> None:
-        """Shut the kernel down as papermill does after a notebook (a shutdown request, a kill after a grace time)."""
+        """Stop the kernel once its pages are written: killed, its resources cleaned up.
+
+        The kernel keeps nothing to save (no history, every page written), and a shutdown request
+        races ipykernel 7 with itself: the request stops the kernel's loops while its control thread
+        still flushes the output streams after the handler, and now and then that flush finds the
+        IOPub pipe closed ("Uncaught exception in ZMQStream callback ... Socket operation on
+        non-socket" on the kernel's stderr, once in a CI run of the demo).
+        """
         from jupyter_core.utils import run_sync
 
         km, self.km = self.km, None
         if km is None:
             return
         try:
-            run_sync(km.shutdown_kernel)(now=False)
+            run_sync(km.shutdown_kernel)(now=True)
         except Exception as exc:  # noqa: BLE001 - the pages are written: a kernel that will not stop is killed
             log.debug("kernel shutdown failed (%s): killed", exc)
             _kill(km)
