@@ -35,7 +35,7 @@ test-fast: $(VENV)/.testtools
 	$(BIN)/python -m pytest $(PYTEST_OPTS) -m "not slow"
 
 lint: $(VENV)/.testtools
-	$(BIN)/ruff check weknora_nb tests benchmarks
+	$(BIN)/ruff check weknora_nb tests benchmarks tools
 	$(BIN)/mypy
 
 lab: $(VENV)/.runtime

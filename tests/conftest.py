@@ -44,16 +44,25 @@ def worked_testset():
 
 
 #: the 250-section document two test modules serve (tests/test_contract_api.py, tests/test_client_weknora.py): one
-#: text, so that the session's embedding cache embeds its passages once a run, not once a module
+#: text, so that one embedding seed (:data:`BIG_SEED`) holds its passages for both
 BIG_SECTIONS = 250
 BIG_TITLE = '第 {i} 节 <配置> & "引号" \'s'  # characters WeKnora up to v0.6.3 escapes in listings (C53)
 BIG_SECTION_3 = "配置项 <b>timeout</b> & retry 的默认值写在 'app.yaml' 里。"
 
 
-def write_big_documents(root: Path) -> None:
+#: the embedding seed of the big documents (tests/test_fixture_seeds.py; tools/write_test_seeds.py writes it)
+BIG_SEED = Path(__file__).resolve().parent / "fixtures" / "big_seed"
+
+
+def write_big_documents(root: Path, *, seed: bool = True) -> None:
     """``root/docs/big``: ``long.md``, one chunk per section (titles holding ``<``, ``&`` and quotes; section 3
-    also in its text), and ``short.md`` (one chunk): the knowledge ids ``big.long`` and ``big.short``."""
+    also in its text), and ``short.md`` (one chunk): the knowledge ids ``big.long`` and ``big.short``.
+
+    ``seed``: also copy their embedding seed (:data:`BIG_SEED`) into ``root/cache``, the folder's read-only seed
+    (added to a ``cache`` folder already there), so that a sandbox over ``root`` embeds none of them."""
     (root / "docs" / "big").mkdir(parents=True)
+    if seed:
+        shutil.copytree(BIG_SEED, root / "cache", dirs_exist_ok=True)
     sections = [f"## {BIG_TITLE.format(i=i)}\n\n这是第 {i} 节的内容，讲参数 P{i} 的设置方法与默认值 {i * 3}。"
                 for i in range(BIG_SECTIONS)]
     sections[3] = f"## {BIG_TITLE.format(i=3)}\n\n{BIG_SECTION_3}"

@@ -50,7 +50,7 @@ def cache_dir(embedding_cache):
 
 @pytest.fixture(scope="module")
 def mini_index(cache_dir):
-    return SandboxIndex(corpus_chunks(MINI), cache_dir=cache_dir)
+    return SandboxIndex(corpus_chunks(MINI), cache_dir=cache_dir, seed_dir=MINI / "cache")
 
 
 @pytest.fixture(scope="module")
@@ -472,7 +472,7 @@ def faq_engine(tmp_path_factory, cache_dir):
     (data / "docs").symlink_to(MINI / "docs", target_is_directory=True)
     (data / "faq").mkdir()
     shutil.copy(FAQ_SMALL, data / "faq" / "faq.jsonl")
-    index = SandboxIndex(corpus_chunks(data), cache_dir=cache_dir)
+    index = SandboxIndex(corpus_chunks(data), cache_dir=cache_dir, seed_dir=MINI / "cache")  # seeds faq_small too
     return RetrievalEngine(index, VersionConfig(name="faq", faq_enabled=True))
 
 

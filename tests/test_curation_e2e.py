@@ -49,6 +49,7 @@ LABELLER = textwrap.dedent("""
 def kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("curation_kb")
     shutil.copytree(FIXTURES / "mini_kb" / "docs", d / "docs")
+    shutil.copytree(FIXTURES / "mini_kb" / "cache", d / "cache")  # its embedding seed (tests/test_fixture_seeds.py)
     (d / "faq").mkdir()
     shutil.copy(FIXTURES / "faq_small.jsonl", d / "faq" / "faq.jsonl")
     (d / "versions.yaml").write_text(

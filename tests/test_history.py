@@ -84,6 +84,7 @@ def history_kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The mini knowledge base plus an FAQ knowledge base (version ``faq``) and a test set for each."""
     d = tmp_path_factory.mktemp("history_kb")
     shutil.copytree(FIXTURES / "mini_kb" / "docs", d / "docs")
+    shutil.copytree(FIXTURES / "mini_kb" / "cache", d / "cache")  # its embedding seed (tests/test_fixture_seeds.py)
     (d / "faq").mkdir()
     shutil.copy(FIXTURES / "faq_small.jsonl", d / "faq" / "faq.jsonl")
     (d / "versions.yaml").write_text("defaults:\n  hnsw: {m: 8, ef_construction: 50, ef_search: 16}\n"

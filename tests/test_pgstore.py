@@ -28,7 +28,7 @@ GONE, NO_VECTOR, COPY, ORIGINAL = "guide.01-passwords:000", "guide.03-vpn:001", 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
-    return SandboxIndex(corpus_chunks(MINI), cache_dir=tmp_path_factory.mktemp("emb"))
+    return SandboxIndex(corpus_chunks(MINI), cache_dir=tmp_path_factory.mktemp("emb"), seed_dir=MINI / "cache")
 
 
 @pytest.fixture(scope="module")
