@@ -93,6 +93,32 @@ def test_bad_input_exits_2_with_the_place(tmp_path, files):
     assert proc.returncode == 2 and "not found" in proc.stderr
 
 
+def test_score_ends_at_once_with_its_output_whole(files, tmp_path, capsysbinary):
+    """The process of ``weknora-nb score`` ends without the interpreter's teardown (cli.run): every byte of
+    its output is written first, its per-query file too, and its exit code is the command's."""
+    args = ["score", *map(str, files), "--json"]
+    assert cli.main(args) == 0
+    in_process = capsysbinary.readouterr().out
+    proc = subprocess.run([sys.executable, "-m", "weknora_nb", *args], capture_output=True)
+    assert proc.returncode == 0 and proc.stdout == in_process and len(in_process) > 1000
+    rows = tmp_path / "rows.jsonl"
+    proc = run("score", *map(str, files), "--json", "--per-query-out", str(rows))
+    assert len(rows.read_text(encoding="utf-8").splitlines()) == len(json.loads(in_process)["per_query"])
+    assert "per_query" not in json.loads(proc.stdout)
+    empty = tmp_path / "none.parquet"
+    write_results(results_frame(ranked("nosuch", ["A"])), empty)
+    proc = run("score", str(files[0]), str(empty), check=False)
+    assert proc.returncode == 1 and "nothing was scored" in proc.stderr
+
+
+def test_a_reader_that_stops_reading_ends_the_command_silently_with_141(files):
+    proc = subprocess.Popen([sys.executable, "-m", "weknora_nb", "score", *map(str, files), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()   # as `| head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
 def test_console_script_is_installed():
     exe = shutil.which("weknora-nb", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     assert exe, "the weknora-nb console script is not on PATH"

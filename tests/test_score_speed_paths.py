@@ -16,6 +16,7 @@ import gc
 import json
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -27,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weknora_nb import cli, score, write_results
-from weknora_nb.core import results as results_module
+from weknora_nb.core import codes as codes_module
 from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
@@ -161,6 +162,39 @@ def test_score_files_reports_errors_in_the_order_score_did(tmp_path, files):
     assert str(bad_results) in str(err.value)
 
 
+def test_reading_a_parquet_file_into_codes_imports_no_pandas(files, tmp_path):
+    """ReadAhead runs beside the import of pandas: were the reading to import it (pyarrow's to_numpy,
+    pa.array and pa.scalar do), it would wait for that import to end."""
+    one = tmp_path / "one.parquet"   # stage, repeat and status constant: read from the statistics
+    write_results(results_frame(ranked("q1", ["X", "B", "A"]) + ranked("中文 😀", ["C"])), one)
+    code = ("import sys; from weknora_nb.core.codes import parquet_codes; "
+            "n = [len(parquet_codes(p)) for p in sys.argv[1:]]; "
+            "print(n, sorted(m for m in ('pandas', 'weknora_nb.core.results') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, str(files[1]), str(one)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"[{len(read_results(files[1]))}, 4] []", proc.stderr
+
+
+def test_a_read_ahead_scores_as_the_path_does_and_raises_the_readings_error_when_asked(tmp_path, files):
+    from weknora_nb.core.codes import ReadAhead
+
+    by_path = score_files(*files, ["ndcg@5", "hit@1"])
+    ahead = ReadAhead(files[1])
+    assert isinstance(ahead.result(), ResultCodes)
+    assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
+    # a file for read_results: None without a fallback (score_files then reads it), the table with one
+    csv = tmp_path / "r.csv"
+    write_results(read_results(files[1]), csv)
+    assert ReadAhead(csv).result() is None
+    assert isinstance(ReadAhead(csv, read_results).result(), pd.DataFrame)
+    assert score_files(files[0], ReadAhead(csv), ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    ahead = ReadAhead(bad)   # the error waits for the caller
+    with pytest.raises(ResultsError) as err:
+        ahead.result()
+    assert str(bad) in str(err.value)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1), group=st.sampled_from([7, 64, 100_000]),
        batch=st.sampled_from([3, 64]))
@@ -169,7 +203,7 @@ def test_parquet_read_a_batch_at_a_time_matches_the_frame_path(tmp_path_factory,
     ts, res, _, _ = random_case(seed)
     path = tmp_path_factory.mktemp("run") / "results.parquet"
     write_parquet(res, path, group)
-    with mock.patch.object(results_module, "_BATCH_ROWS", batch):
+    with mock.patch.object(codes_module, "_BATCH_ROWS", batch):
         assert isinstance(read_results_for_scoring(path), ResultCodes)
         same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
 

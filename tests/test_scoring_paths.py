@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weknora_nb import ResultsError, UsageError, read_results, score, write_results
+from weknora_nb import ResultsError, TestSet, UsageError, read_results, score, write_results
 from weknora_nb.core import scoring
 from weknora_nb.core.results import ResultCodes, read_results_for_scoring
 
-from .conftest import results_frame
+from .conftest import failed, ranked, results_frame
 from .test_metrics_reference import random_case
 
 METRICS = ["recall@3", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10:linear", "precision@5", "map@10"]
@@ -75,7 +76,7 @@ def test_constant_columns_come_from_the_statistics(tmp_path):
     one = res[(res["stage"] == "final") & (res["repeat"] == 1) & (res["status"] == "ok")].reset_index(drop=True)
     path = write_results(one, tmp_path / "r.parquet")
     meta = pq.read_metadata(path)
-    from weknora_nb.core.results import _constant_column
+    from weknora_nb.core.codes import _constant_column
     assert (_constant_column(meta, "stage"), _constant_column(meta, "repeat"), _constant_column(meta, "status")) \
         == ("final", 1, "ok")
     assert _constant_column(meta, "chunk_id") is None
@@ -271,3 +272,17 @@ def test_codes_made_once_score_as_the_table_they_were_made_from_merged_results_a
               for how in ("ignore", "expand")}
     assert recall == {"ignore": 0.5, "expand": 1.0}
     assert score(ts, codes, ["recall@3"]).summary_wide().loc["final", "recall@3"] == 1.0
+
+
+def test_latency_read_straight_from_parquet_keeps_its_missing_values(tmp_path):
+    """A request without a latency (a failed one, a collector that did not time it) reads as NaN on the
+    fast path too, never as 0."""
+    ts = TestSet.from_records([{"query_id": q, "query": q, "relevant": {"A": 1}} for q in ("q1", "q2", "q3")])
+    df = results_frame(ranked("q1", ["A", "B"]) + failed("q2") + ranked("q3", ["B", "A"]))
+    df["latency_ms"] = pd.array([12.5, 12.5, None, None, 40.0], dtype="Float64")
+    path = write_results(df, tmp_path / "r.parquet")
+    fast = score(ts, path)
+    assert isinstance(read_results_for_scoring(path), ResultCodes)
+    same_scores(fast, score(ts, read_results(path)))
+    lat = fast.requests.set_index("query_id")["latency_ms"]
+    assert lat["q1"] == 12.5 and np.isnan(lat["q2"]) and np.isnan(lat["q3"])

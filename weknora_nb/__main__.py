@@ -1,5 +1,5 @@
 """``python -m weknora_nb`` runs the command line."""
 
-from weknora_nb.cli import main
+from weknora_nb.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

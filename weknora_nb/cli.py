@@ -12,7 +12,9 @@ Exit codes (only :func:`main` maps errors to them, through :data:`EXIT_CODES`):
   folder already used, runs that cannot be compared, or a file named on the command line
   that cannot be opened;
 - 130 interrupted (Ctrl-C, :class:`Interrupted`): what was done is kept and the message gives
-  the command that resumes.
+  the command that resumes;
+- 141 the output's reader stopped reading (``weknora-nb score ... | head``), silently, as a
+  program ended by SIGPIPE (:func:`run`).
 
 Each error is one line on stderr, ``error: <message>``, naming the argument, the allowed
 values and what arrived (an :class:`InputError` lists its problems on the lines after its
@@ -254,13 +256,16 @@ def _cmd_score(args: argparse.Namespace) -> int:
     """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
     for a query of the test set): the figures would be empty, not zero. Failed or missing requests
     of a partial run are counted and listed in the output, and the exit stays 0."""
+    from weknora_nb.core.codes import ReadAhead
+
+    ahead = ReadAhead(args.results, _read_results)   # Arrow reads the results while pandas and the rest import
     from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
     from weknora_nb.reports.text import format_scores
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
     if args.per_query_out:
         per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
-    sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
+    sc = score_files(args.testset, ahead, metrics, stages=args.stage or None,
                      domain_adjustment=args.domain_adjustment)
     if args.per_query_out:
         sc.write_per_query(args.per_query_out)
@@ -272,6 +277,13 @@ def _cmd_score(args: argparse.Namespace) -> int:
         print(f"error: nothing was scored: {sc.counts.incomplete_reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def _read_results(path: Any) -> Any:
+    """:func:`weknora_nb.core.results.read_results` (imported when a results file needs it)."""
+    from weknora_nb.core.results import read_results
+
+    return read_results(path)
 
 
 def _print_bytes(data: bytes) -> None:
@@ -1015,8 +1027,61 @@ def _exit_status(code: Any) -> int:
     return code if isinstance(code, int) else 0 if code is None else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one command; return its exit code (see the module docstring)."""
+#: commands that leave nothing to clean up once they return (their output written and flushed, no thread,
+#: child process, kernel or temporary file left): :func:`run` ends their process at once
+_ENDS_AT_ONCE = frozenset({"_cmd_score"})
+
+
+def _no_huge_pages() -> None:
+    """numpy of this process (and of the processes it starts) does not ask for transparent huge pages for its
+    large arrays (``NUMPY_MADVISE_HUGEPAGE=0``, numpy's documented switch, unless the caller set it; read when
+    numpy is imported, which the command line does not do before a command runs).
+
+    A command's arrays live for a moment and the kernel zeroes each huge page whole when it is first
+    touched. On the 2-core virtual machines the project runs on, a ``perf`` profile of ``weknora-nb score``
+    on 10 million rows (``benchmarks/bench_scoring.py``'s data) found half of its CPU time in that zeroing
+    (``clear_page_erms`` under ``do_huge_pmd_anonymous_page``); ten runs each, interleaved: 1.20-3.20 s
+    (median 1.77) with huge pages, 1.15-1.38 s (median 1.22) without.
+    """
+    import os
+
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+
+
+def run() -> int:
+    """The ``weknora-nb`` program (and ``python -m weknora_nb``): :func:`main` of the process's arguments.
+
+    After a command of :data:`_ENDS_AT_ONCE` returns, the process ends there (``os._exit``, the
+    standard streams and the log handlers flushed first; a stream that cannot be flushed is exit status
+    120, as the interpreter's own exit gives), without the interpreter's teardown of what the command
+    imported and built: 0.1 s of the 1.3 s ``weknora-nb score`` takes on 10 million rows. Any other
+    command, an error and a traceback end as usual.
+    """
+    _no_huge_pages()
+    ended: list[str] = []
+    try:
+        code = main(finished=ended)
+    except BrokenPipeError:   # the reader of stdout stopped (``| head``): silent, as a tool SIGPIPE ended
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
+        return 141
+    if ended and ended[0] in _ENDS_AT_ONCE:
+        import os
+
+        logging.shutdown()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):   # a closed pipe: as the interpreter's own exit, status 120
+            code = 120
+        os._exit(code)
+    return code
+
+
+def main(argv: list[str] | None = None, *, finished: list[str] | None = None) -> int:
+    """Run one command; return its exit code (see the module docstring). ``finished``: the name of the
+    command function that returned normally is appended to it (:func:`run` reads it)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -1026,10 +1091,13 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except Exception as exc:
-        code = exit_code(exc)
-        if code is None:
+        error_code = exit_code(exc)
+        if error_code is None:
             raise  # a bug, not a user's mistake: the traceback is wanted
         print(f"error: {error_message(exc)}", file=sys.stderr)
-        return code
+        return error_code
+    if finished is not None:
+        finished.append(args.func.__name__)
+    return code

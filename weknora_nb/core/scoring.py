@@ -1,7 +1,7 @@
 """Score a results table against a test set (docs/method.md sections 2-3).
 
 :func:`score` runs these steps, all vectorised (no Python loop over queries), on integer
-codes (:class:`~weknora_nb.core.results.ResultCodes`; a Parquet path is read straight into
+codes (:class:`~weknora_nb.core.codes.ResultCodes`; a Parquet path is read straight into
 them):
 
 1. group rows into requests (:func:`_group_requests`): runs of equal (query, stage,
@@ -26,8 +26,9 @@ the mean of its repeat figures, with their spread (std, min, max).
 
 Two cores: the test set's labels (:class:`_Relevance`) are prepared in a second thread
 while the results are read and grouped (Arrow and numpy work without the interpreter
-lock). :func:`score_files` also reads the results file while the test set loads, and
-hashes the test set while scoring.
+lock). :func:`score_files` also reads the results file while the test set loads (a
+:class:`~weknora_nb.core.codes.ReadAhead`, which the command line starts before it imports
+pandas), and hashes the test set while scoring.
 :meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
 strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
@@ -36,11 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -50,12 +48,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from weknora_nb.core.codes import ReadAhead, ResultCodes, extremes, short_switches
 from weknora_nb.core.errors import Problem, ResultsError, UsageError, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
-from weknora_nb.core.results import ResultCodes, expand_sub_chunks, extremes, read_results_for_scoring
+from weknora_nb.core.results import expand_sub_chunks, read_results, read_results_for_scoring
 from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
 
@@ -622,46 +621,25 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
                   domain_adjustment=domain_adjustment)
 
 
-def score_files(testset: str | os.PathLike, results: str | os.PathLike,
+def score_files(testset: str | os.PathLike, results: str | os.PathLike | ReadAhead,
                 metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
                 domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
     """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
     same checks and errors in the same order, using a second core: the results file is read in a second
     thread while the test set loads (reading it is Arrow work, which leaves the first thread free), and
-    the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring."""
+    the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring. ``results`` may be a
+    :class:`~weknora_nb.core.codes.ReadAhead` of the results file, started earlier (the command line starts
+    one before it imports pandas)."""
     _check_options(metrics, domain_adjustment, sub_chunks)
-    with _short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
-        rows = pool.submit(read_results_for_scoring, Path(results))
+    ahead = results if isinstance(results, ReadAhead) else ReadAhead(results, read_results)
+    with short_switches(), ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-files") as pool:
         ts = load_testset(Path(testset))
         digest = pool.submit(lambda: ts.hash)
-        sc = score(ts, rows.result(), metrics, stages=stages, domain_adjustment=domain_adjustment,
-                   sub_chunks=sub_chunks, source=str(results))
+        rows = ahead.result()
+        sc = score(ts, rows if rows is not None else read_results(ahead.path), metrics, stages=stages,
+                   domain_adjustment=domain_adjustment, sub_chunks=sub_chunks, source=str(ahead.path))
         digest.result()
     return sc
-
-
-_switches = {"users": 0, "before": 0.005}   # score_files calls inside, and the interval before the first
-_switches_lock = threading.Lock()
-
-
-@contextmanager
-def _short_switches(seconds: float = 0.0005) -> Iterator[None]:
-    """Threads take turns with the interpreter lock every ``seconds`` (or sooner) within the block, then as
-    before (the last of several blocks open at once restores it). The reading thread of :func:`score_files`
-    needs the lock for a moment between long stretches of Arrow work, while parsing the test set holds it and
-    by default gives it up every 5 ms only: each of those moments would wait that long."""
-    with _switches_lock:
-        if not _switches["users"]:
-            _switches["before"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(seconds, _switches["before"]))
-        _switches["users"] += 1
-    try:
-        yield
-    finally:
-        with _switches_lock:
-            _switches["users"] -= 1
-            if not _switches["users"]:
-                sys.setswitchinterval(_switches["before"])
 
 
 def _check_options(metrics: Iterable[str | Metric] | str | None, domain_adjustment: float,
