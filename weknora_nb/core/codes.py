@@ -55,7 +55,6 @@ def _report(problems: list[Problem], path: str, rows, field: str, message: str, 
         problems.append(Problem(path, int(r) + first_row, field, message + shown, where))
 
 
-
 @dataclass
 class ResultCodes:
     """The columns scoring needs, one entry per results row, strings as integer codes.
@@ -413,7 +412,6 @@ def _constant_column(meta: pq.FileMetaData, name: str) -> str | int | None:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
-
 def _parquet_codes(p: Path) -> ResultCodes | None:
     """The fast path's read of a Parquet file: its scoring columns as codes, or None when the file
     needs :func:`read_results` (a column given twice or of another type, merged results to unfold)."""
@@ -436,8 +434,6 @@ def _parquet_codes(p: Path) -> ResultCodes | None:
         schema = pa.schema([pf.schema_arrow.field(c) for c in wanted])
         batches = pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
         return ResultCodes.from_batches(schema, batches, meta.num_rows, constant)
-
-
 
 
 def parquet_codes(path: str | os.PathLike) -> ResultCodes | None:
