@@ -526,26 +526,30 @@ class Slow(Embedder):
             log.write("".join(t + "\\n" for t in texts))
         time.sleep(0.3)
         return np.stack([np.full(4, len(t), dtype=np.float32) for t in texts])
+    _embed_queries = _embed_passages
 
-print(Slow(Path(sys.argv[1])).passages(sys.argv[3:]).sum())
+embedder = Slow(Path(sys.argv[1]))
+print((embedder.queries if sys.argv[3] == "queries" else embedder.passages)(sys.argv[4:]).sum())
 """
 
 
-def test_processes_sharing_a_cache_folder_embed_each_passage_once_and_lose_no_entry(tmp_path):
+@pytest.mark.parametrize("kind, cache_file", [("passages", "embeddings-slow-test-model.npz"),
+                                              ("queries", "queries-slow-test-model.npz")])
+def test_processes_sharing_a_cache_folder_embed_each_text_once_and_lose_no_entry(tmp_path, kind, cache_file):
     import subprocess
     import sys
 
     log = tmp_path / "embedded.log"
-    texts = [f"passage {i}" for i in range(40)]
-    procs = [subprocess.Popen([sys.executable, "-c", EMBEDDING_PROCESS, str(tmp_path / "cache"), str(log), *part],
-                              stdout=subprocess.PIPE, text=True)
+    texts = [f"{kind} {i}" for i in range(40)]
+    procs = [subprocess.Popen([sys.executable, "-c", EMBEDDING_PROCESS, str(tmp_path / "cache"), str(log), kind,
+                               *part], stdout=subprocess.PIPE, text=True)
              for part in (texts, texts, texts[:10] + [f"other {i}" for i in range(5)])]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0]
     embedded = log.read_text().splitlines()
     assert sorted(embedded) == sorted(set(texts) | {f"other {i}" for i in range(5)})  # each once, whoever did it
     assert outs[0] == outs[1]
-    with np.load(tmp_path / "cache" / "embeddings-slow-test-model.npz") as z:
+    with np.load(tmp_path / "cache" / cache_file) as z:
         assert len(z["keys"]) == 45   # every process's entries kept
 
 

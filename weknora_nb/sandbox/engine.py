@@ -368,18 +368,33 @@ class Embedder:
             return known[key]
 
     def queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Embeddings of queries: the unknown ones in one batch, then written to the cache folder's query cache."""
+        """Embeddings of queries: the unknown ones in one batch, then written to the cache folder's query cache.
+
+        Processes sharing a cache folder take turns (a file lock, as :meth:`passages`): under it the cache
+        file is read again, so that what another process embedded meanwhile is used, not embedded again, and
+        kept when the file is written."""
         keys = [self.key(t) for t in texts]
         with self._lock:
             known = self._queries_known()
             missing = list(dict.fromkeys(t for t, k in zip(texts, keys, strict=True) if k not in known))
-            if missing:
-                log.info("%s: embedding %d queries", self.name, len(missing))
-                for t, v in zip(missing, self._embed_queries(missing), strict=True):
-                    known[self.key(t)] = np.asarray(v, dtype=np.float32)
-                if self.cache_dir is not None:
-                    self._save_cache(known, self.cache_dir / f"queries-{self.name}.npz")
+            if missing and self.cache_dir is not None:
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                cache_file = self.cache_dir / f"queries-{self.name}.npz"
+                with waiting_lock(self.cache_dir / f"queries-{self.name}.lock"):
+                    known.update(self._load_cache(cache_file))
+                    missing = [t for t in missing if self.key(t) not in known]
+                    if missing:
+                        self._embed_queries_into(missing, known)
+                        self._save_cache(known, cache_file)
+            elif missing:
+                self._embed_queries_into(missing, known)
             return np.stack([known[k] for k in keys]) if keys else np.zeros((0, 1), np.float32)
+
+    def _embed_queries_into(self, texts: list[str], known: dict[str, np.ndarray]) -> None:
+        """Embed ``texts`` (queries) in one batch into ``known``, by key."""
+        log.info("%s: embedding %d queries", self.name, len(texts))
+        for t, v in zip(texts, self._embed_queries(texts), strict=True):
+            known[self.key(t)] = np.asarray(v, dtype=np.float32)
 
     def passages(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Embeddings of passages; cached ones are read, the rest computed and added to the cache."""
