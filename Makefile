@@ -16,11 +16,13 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # the package's bytecode compiled once, as pip does for a wheel: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
-# every process would compile the modules it imports again, 0.1 s each for the command line's
+# every process would compile the modules it imports again, 0.1 s each for the command line's; then pgvector
+# built for this CPU if the shipped one needs AVX-512 it lacks (weknora_nb/sandbox/pgvector.py)
 $(VENV)/.runtime: $(BIN)/python requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m compileall -q weknora_nb
+	$(BIN)/python -m weknora_nb.sandbox.pgvector
 	touch $@
 
 $(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt

