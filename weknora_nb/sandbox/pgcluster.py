@@ -5,8 +5,10 @@ One cluster per user and machine, in ``$WEKNORA_NB_PG_DIR`` or ``<tmp>/weknora-n
 every process that uses it (pgserver counts them and stops the server when the last one exits). As
 root, pgserver runs Postgres as a system user of its own (``pgserver``), which is why the folder is
 not under the home directory. Databases are built once under their name (:meth:`PgCluster.ensure_database`,
-a content key) and reused: a database whose build did not finish is built again. Where the CPU lacks the
-AVX-512 that the shipped pgvector needs, pgvector is first built for it (:mod:`weknora_nb.sandbox.pgvector`).
+a content key) and reused: a database whose build did not finish is built again, and one unused for
+:data:`UNUSED_FOR` (7 days) is dropped when a process starts the cluster (:meth:`PgCluster.prune`). Where
+the CPU lacks the AVX-512 that the shipped pgvector needs, pgvector is first built for it
+(:mod:`weknora_nb.sandbox.pgvector`).
 
 Local connections of the superuser ``postgres`` are trusted (the sandbox itself); every other role logs
 in with a password (``scram-sha-256``), so that a read-only role with a password is what a team would
@@ -22,18 +24,22 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import SandboxError
 from weknora_nb.sandbox.pgvector import ensure_runnable
 
-__all__ = ["PgCluster", "cluster", "cluster_dir", "PG_DIR_ENV"]
+__all__ = ["PgCluster", "cluster", "cluster_dir", "PG_DIR_ENV", "UNUSED_FOR"]
 
 log = logging.getLogger(__name__)
 
 PG_DIR_ENV = "WEKNORA_NB_PG_DIR"
 _BUILT = "weknora_nb_built"  # a table that exists once a database's build has finished
+_USES = "weknora_nb_databases"  # in the cluster's postgres database: each built database's last use
+#: a database built by ensure_database and not asked for in this long is dropped (PgCluster.prune)
+UNUSED_FOR = timedelta(days=7)
 _HBA = ("local all postgres trust\n"
         "local all all scram-sha-256\n"
         "host all all 127.0.0.1/32 scram-sha-256\n"
@@ -80,6 +86,7 @@ class PgCluster:
         info = self._server.get_postmaster_info()
         self.host, self.port = str(info.socket_dir), str(info.port or 5432)
         self._require_passwords()
+        self.prune()
 
     def dsn(self, dbname: str = "postgres", *, user: str = "postgres", password: str | None = None) -> str:
         """A libpq connection string to ``dbname`` on the cluster's socket (``password`` included when given:
@@ -104,9 +111,30 @@ class PgCluster:
             try:
                 if not self._is_built(admin, name):
                     self._build(admin, name, build)
+                admin.execute(f"INSERT INTO {_USES} VALUES (%s, now()) "
+                              "ON CONFLICT (name) DO UPDATE SET used_at = now()", (name,))
             finally:
                 admin.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
         return self.dsn(name)
+
+    def prune(self, unused_for: timedelta = UNUSED_FOR) -> list[str]:
+        """Drop the databases :meth:`ensure_database` built that no one has asked for in ``unused_for``, and
+        return their names: every new build key (a changed corpus, model or version) leaves one behind, and
+        the cluster lives in the temporary folder, where disk can be short.
+
+        A database is dropped only under its build lock, taken without waiting (a build or a use under way
+        keeps it), when its last use is still old under that lock, and without ``FORCE`` (a session connected
+        to it keeps it). One a caller needs later is built again: nothing is lost but the time. A sandbox
+        database (``wk_``) built before its uses were recorded counts as used now."""
+        dropped: list[str] = []
+        with self.connect() as admin:
+            _record_sandbox_databases(admin)
+            stale = [r[0] for r in admin.execute(f"SELECT name FROM {_USES} WHERE used_at < now() - %s ORDER BY name",
+                                                 (unused_for,))]
+            dropped = [name for name in stale if _drop_if_unused(admin, name, unused_for)]
+        if dropped:
+            log.info("dropped %d sandbox database(s) unused for %s: %s", len(dropped), unused_for, ", ".join(dropped))
+        return dropped
 
     def ensure_reader(self, dbname: str, role: str, password: str) -> None:
         """A role that can log in with ``password`` and only read ``dbname``'s tables (SELECT).
@@ -162,6 +190,40 @@ class PgCluster:
             hba.write_text(_HBA, encoding="utf-8")
             with self.connect() as admin:
                 admin.execute("SELECT pg_reload_conf()")
+
+
+def _record_sandbox_databases(admin: Any) -> None:
+    """The table of uses made if missing (under a lock: processes start together, and CREATE TABLE IF NOT
+    EXISTS alone can then fail on pg_type's unique index), and every sandbox database (``wk_``) without a
+    recorded use given one now."""
+    admin.execute("SELECT pg_advisory_lock(hashtext('weknora-nb uses'))")
+    try:
+        admin.execute(f"CREATE TABLE IF NOT EXISTS {_USES} (name text PRIMARY KEY, used_at timestamptz NOT NULL)")
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(hashtext('weknora-nb uses'))")
+    admin.execute(f"INSERT INTO {_USES} SELECT datname, now() FROM pg_database WHERE datname LIKE 'wk\\_%' "
+                  "ON CONFLICT DO NOTHING")
+
+
+def _drop_if_unused(admin: Any, name: str, unused_for: timedelta) -> bool:
+    """Drop database ``name`` if its build lock is free now, its last use is still older than ``unused_for``
+    under it, and no session is connected to it (no ``FORCE``); whether it was dropped."""
+    from psycopg import errors, sql
+
+    if not admin.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (name,)).fetchone()[0]:
+        return False
+    try:
+        if admin.execute(f"SELECT 1 FROM {_USES} WHERE name = %s AND used_at < now() - %s",
+                         (name, unused_for)).fetchone() is None:
+            return False
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.execute(f"DELETE FROM {_USES} WHERE name = %s", (name,))
+        return True
+    except errors.ObjectInUse:
+        log.debug("database %s is unused for %s but has a session: kept", name, unused_for)
+        return False
+    finally:
+        admin.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
 
 
 def _quote(value: str) -> str:

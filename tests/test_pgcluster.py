@@ -1,0 +1,104 @@
+"""The sandbox's Postgres cluster (weknora_nb/sandbox/pgcluster.py): databases built once under their name,
+each use recorded, and those unused for a week dropped, in the real cluster, except while a build, a use or a
+session holds them."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+import pytest
+
+from weknora_nb.sandbox.pgcluster import _USES, UNUSED_FOR, cluster
+
+
+@pytest.fixture
+def names():
+    """Unique database names for one test (what ensure_database would build), dropped at the end."""
+    made: list[str] = []
+
+    def make(prefix: str = "wktest") -> str:
+        made.append(f"{prefix}_{secrets.token_hex(6)}")
+        return made[-1]
+
+    yield make
+    pg = cluster()
+    with pg.connect() as admin:
+        for name in made:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f"DELETE FROM {_USES} WHERE name = %s", (name,))
+
+
+def _build(db) -> None:
+    db.execute("CREATE TABLE t (x int)")
+    db.execute("INSERT INTO t VALUES (1)")
+
+
+def _exists(name: str) -> bool:
+    with cluster().connect() as admin:
+        return admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+
+def _age(name: str, days: float) -> None:
+    with cluster().connect() as admin:
+        admin.execute(f"UPDATE {_USES} SET used_at = now() - %s WHERE name = %s", (timedelta(days=days), name))
+
+
+def test_a_database_unused_for_a_week_is_dropped_and_a_recent_one_kept(names):
+    pg = cluster()
+    old, recent = names(), names()
+    for name in (old, recent):
+        pg.ensure_database(name, _build)
+    _age(old, 8)
+    _age(recent, 6)
+    dropped = pg.prune()
+    assert old in dropped and not _exists(old)
+    assert recent not in dropped and _exists(recent)
+    assert timedelta(days=7) == UNUSED_FOR
+
+
+def test_a_use_counts_as_new_and_a_dropped_database_is_built_again(names):
+    pg = cluster()
+    name = names()
+    pg.ensure_database(name, _build)
+    _age(name, 30)
+    pg.ensure_database(name, _build)  # asked for again: its clock starts anew
+    assert name not in pg.prune()
+    _age(name, 30)
+    assert name in pg.prune()
+    pg.ensure_database(name, _build)  # needed later: built again, nothing lost but the time
+    with pg.connect(name) as db:
+        assert db.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+def test_a_connected_session_or_a_held_build_lock_keeps_an_old_database(names):
+    pg = cluster()
+    connected, building = names(), names()
+    for name in (connected, building):
+        pg.ensure_database(name, _build)
+        _age(name, 10)
+    with pg.connect(connected) as session, pg.connect() as builder:
+        session.execute("SELECT 1")
+        builder.execute("SELECT pg_advisory_lock(hashtext(%s))", (building,))  # what ensure_database holds
+        dropped = pg.prune()
+        builder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (building,))
+    assert connected not in dropped and _exists(connected)
+    assert building not in dropped and _exists(building)
+    assert {connected, building} <= set(pg.prune())  # once free, they go
+
+
+def test_a_sandbox_database_built_before_uses_were_recorded_gets_a_week_from_now(names):
+    pg = cluster()
+    name = names("wk")
+    with pg.connect() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    assert name not in pg.prune()
+    with pg.connect() as admin:
+        used = admin.execute(f"SELECT now() - used_at FROM {_USES} WHERE name = %s", (name,)).fetchone()
+    assert used is not None and used[0] < timedelta(minutes=5)
+    other = names("notours")
+    with pg.connect() as admin:
+        admin.execute(f'CREATE DATABASE "{other}"')
+    pg.prune()
+    with pg.connect() as admin:
+        assert admin.execute(f"SELECT 1 FROM {_USES} WHERE name = %s", (other,)).fetchone() is None  # not ours
