@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 
 from weknora_nb import cli, score, write_results
 from weknora_nb.core import codes as codes_module
+from weknora_nb.core import scoring as scoring_module
 from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
@@ -206,6 +208,26 @@ def test_parquet_read_a_batch_at_a_time_matches_the_frame_path(tmp_path_factory,
     with mock.patch.object(codes_module, "_BATCH_ROWS", batch):
         assert isinstance(read_results_for_scoring(path), ResultCodes)
         same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
+
+
+@pytest.mark.parametrize("sort_16bit", [True, False])
+@pytest.mark.parametrize(("rows", "width", "k", "values"), [
+    (0, 7, 5, 40), (1, 1, 1, 3), (50, 2, 5, 3), (500, 7, 5, 40), (500, 100, 20, 65_536),
+    ((1 << 21) // 100 + 3, 100, 20, 200),  # over one block of rows
+])
+def test_first_k_distinct_sorted_as_16_or_32_bit_values_is_the_plain_reading(sort_16bit, rows, width, k, values):
+    """Rows of chunk codes (repeats within a row, short and long rows, rows over one block) give each row's
+    first K distinct codes and its number of repeats, whether the rows are sorted as 16-bit values (where numpy
+    sorts them in SIMD) or as they are: the choice is speed only."""
+    rng = np.random.default_rng(rows + width)
+    grid = rng.integers(0, values, size=(rows, width)).astype(np.int32)
+    with mock.patch.object(scoring_module, "SORT_16BIT", sort_16bit):
+        top, n_dup = scoring_module._first_k_distinct(grid, k, below=65_536)
+    for r in rng.choice(rows, size=min(rows, 300), replace=False) if rows else []:
+        distinct = list(dict.fromkeys(grid[r].tolist()))
+        assert top[r].tolist() == (distinct + [-1] * k)[:min(k, width)]
+        assert n_dup[r] == width - len(distinct)
+    assert top.shape == (rows, min(k, width))
 
 
 # ---------------------------------------------------------------------------------------
