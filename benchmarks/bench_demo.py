@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import describe  # benchmarks/machine.py
+
 from weknora_nb.demo import DemoResult, run_demo
 
 GOAL_S = 60.0
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="versions / notebooks at a time (default one per core)")
     ap.add_argument("--reference", action="store_true", help="also run with --jobs 1 and print the speed-up")
     args = ap.parse_args()
+    print(describe(), flush=True)
     logging.basicConfig(level=logging.WARNING)
     print(f"{os.cpu_count()} CPU(s), load average before {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import describe  # benchmarks/machine.py
+
 from weknora_nb.demo import run_demo
 from weknora_nb.reports.render import ReportRequest, render_reports
 from weknora_nb.sandbox import load_demo_versions
@@ -59,6 +61,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="jobs of the parallel rendering "
                     "(default os.cpu_count())")
     args = ap.parse_args()
+    print(describe(), flush=True)
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         demo = Path(args.demo) if args.demo else Path(tmp) / "demo"

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from machine import describe  # benchmarks/machine.py
 
 from weknora_nb import score, write_results
 from weknora_nb.core.metrics import DEFAULT_METRICS
@@ -168,6 +169,7 @@ def main() -> None:
                     help="timed runs of each weknora-nb and pytrec_eval measurement after the warm-up; the best counts")
     ap.add_argument("--no-ranx", action="store_true", help="leave ranx out (its run takes about 20 s at full size)")
     args = ap.parse_args()
+    print(describe(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         print(f"building {args.queries:,} queries x {args.ranks} ranks ...", flush=True)
         ts, path, qids, chunk_names, run_c, rel = make_data(args.queries, args.ranks, args.seed, Path(tmp))

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from machine import describe  # benchmarks/machine.py
+
 ROOT = Path(__file__).resolve().parents[1]
 GOALS = {"test-fast": 60.0, "test": 240.0}
 
@@ -84,6 +86,7 @@ def main() -> int:
     which.add_argument("--fast", action="store_true", help='only pytest -m "not slow" (make test-fast)')
     which.add_argument("--full", action="store_true", help="only make test's steps (ruff, mypy, pytest)")
     args = ap.parse_args()
+    print(describe(), flush=True)
     py = sys.executable
     opts = makefile_pytest_opts()
     print(f"pytest options from the Makefile: {' '.join(opts)}; {os.cpu_count()} cores; load average "
