@@ -156,8 +156,10 @@ def _portable_in_place(lib: Path) -> bool:
 
 
 def _cache_dir() -> Path:
-    """The sandbox's cache folder (``$WEKNORA_NB_CACHE`` or ``~/.cache/weknora-nb``)."""
-    return Path(os.environ.get("WEKNORA_NB_CACHE") or Path.home() / ".cache" / "weknora-nb")
+    """The sandbox's cache folder (:func:`weknora_nb.sandbox.engine.default_cache_dir`)."""
+    from weknora_nb.sandbox.engine import default_cache_dir  # only when a build is needed: engine is heavy
+
+    return default_cache_dir()
 
 
 def _source(cache: Path) -> Path:
