@@ -126,7 +126,6 @@ class PgCluster:
         keeps it), when its last use is still old under that lock, and without ``FORCE`` (a session connected
         to it keeps it). One a caller needs later is built again: nothing is lost but the time. A sandbox
         database (``wk_``) built before its uses were recorded counts as used now."""
-        dropped: list[str] = []
         with self.connect() as admin:
             _record_sandbox_databases(admin)
             stale = [r[0] for r in admin.execute(f"SELECT name FROM {_USES} WHERE used_at < now() - %s ORDER BY name",
