@@ -393,7 +393,9 @@ def test_the_key_is_in_no_file_and_no_log(tmp_path, capsys, caplog):
 def test_kill_9_mid_run_then_rerun_loses_nothing_and_doubles_nothing(tmp_path):
     run = simple_run(tmp_path, [f"问题 {i} 默认端口是多少" for i in range(30)])
     env = {**os.environ, "WEKNORA_NB_JUDGE_API_KEY": KEY}
-    with LLMServer(delay_s=0.05) as srv:
+    # slow calls (30 at 2 a time: 4.5 s in all) so that the interrupt lands mid-run even when the machine's other
+    # work delays this test's polling; the judging that goes on afterwards runs at full speed
+    with LLMServer(delay_s=0.3) as srv:
         proc = subprocess.Popen([sys.executable, "-m", "weknora_nb", "judge", "--run", str(run), "--base-url",
                                  srv.base_url, "--model", "m", "--repeats", "1", "--concurrency", "2", "--quiet"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -416,7 +418,9 @@ def test_kill_9_mid_run_then_rerun_loses_nothing_and_doubles_nothing(tmp_path):
 def test_ctrl_c_keeps_what_was_judged_and_says_how_to_go_on(tmp_path):
     run = simple_run(tmp_path, [f"问题 {i} 默认端口是多少" for i in range(30)])
     env = {**os.environ, "WEKNORA_NB_JUDGE_API_KEY": KEY}
-    with LLMServer(delay_s=0.05) as srv:
+    # slow calls (30 at 2 a time: 4.5 s in all) so that the interrupt lands mid-run even when the machine's other
+    # work delays this test's polling; the judging that goes on afterwards runs at full speed
+    with LLMServer(delay_s=0.3) as srv:
         proc = subprocess.Popen([sys.executable, "-m", "weknora_nb", "judge", "--run", str(run), "--base-url",
                                  srv.base_url, "--model", "m", "--repeats", "1", "--concurrency", "2", "--quiet"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -432,6 +436,8 @@ def test_ctrl_c_keeps_what_was_judged_and_says_how_to_go_on(tmp_path):
         manifest = json.loads((run / "judge.json").read_text(encoding="utf-8"))
         assert manifest["status"] == "interrupted" and not (run / ".judge.lock").exists()
         kept = lines_of(log_path)  # every line whole
+        assert 3 <= len(kept) < 30
+        srv.delay_s = 0
         out = judge_run(run, srv.settings(model="m"), JudgeOptions(repeats=1))
     assert out.complete and out.already_done == len(kept) and len(lines_of(log_path)) == 30
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-__all__ = ["ResultCodes", "ReadAhead", "parquet_codes", "extremes", "short_switches"]
+__all__ = ["ResultCodes", "ReadAhead", "parquet_codes", "extremes", "short_switches", "in_background"]
 
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
@@ -304,9 +304,11 @@ class _TextCodes:
     """Codes (-1 for null or blank) and distinct values of a string or dictionary column, fed a piece at a
     time (:meth:`add`).
 
-    A Parquet file holds one dictionary per row group: each piece's indices into its dictionary are kept
-    as they are, and :meth:`finish` merges the dictionaries met (one hash pass over their values) and
-    translates each piece's indices through a lookup table, in place.
+    A Parquet file holds one dictionary per row group. The pieces of the first dictionary met are written
+    into the codes as they arrive (its values come first in the merged dictionary, so their indices are
+    their codes); the indices of a piece of any other dictionary are kept as they are (a view of the
+    piece's buffer) until :meth:`finish` merges the dictionaries met (one hash pass over their values) and
+    translates each such piece through a lookup table straight into the codes: one pass over each row.
     """
 
     def __init__(self, n: int):
@@ -315,22 +317,28 @@ class _TextCodes:
         self._ids: dict[tuple[int, int], int] = {}       # which dictionary -> its position in _dicts
         self._seen: list[pa.Array] = []                  # every dictionary met, kept alive: no later one
                                                          # takes its address (the key above)
-        self._pieces: list[tuple[int, int, int]] = []    # (first row, end row, dictionary) of each piece
+        self._later: list[tuple[int, np.ndarray, int]] = []   # (first row, indices, dictionary) of pieces
+                                                              # of a dictionary other than the first
+        self._first: list[tuple[int, int]] = []          # (first row, end row) of the first dictionary's pieces
         self.nulls = False
 
     def add(self, arr: pa.Array, at: int) -> None:
         """The rows ``at`` .. ``at + len(arr)``."""
-        out = self.codes[at:at + len(arr)]
         if pa.types.is_null(arr.type):
-            out[:] = -1
+            self.codes[at:at + len(arr)] = -1
             self.nulls = self.nulls or len(arr) > 0
             return
         if not pa.types.is_dictionary(arr.type):
             arr = pc.dictionary_encode(arr)
         indices = arr.indices
         self.nulls = self.nulls or indices.null_count > 0
-        out[:] = _numbers(indices, fill=-1)   # the last slot of every lookup table serves null
-        self._pieces.append((at, at + len(arr), self._dictionary(arr.dictionary)))
+        values = _numbers(indices, fill=-1)   # the last slot of every lookup table serves null
+        k = self._dictionary(arr.dictionary)
+        if k == 0:
+            self.codes[at:at + len(arr)] = values
+            self._first.append((at, at + len(arr)))
+        else:
+            self._later.append((at, values, k))
 
     def _dictionary(self, d: pa.Array) -> int:
         key = (d.buffers()[1].address, len(d))   # the pieces of one row group share their dictionary
@@ -353,9 +361,13 @@ class _TextCodes:
             values, all_codes = merged.dictionary, _numbers(merged.indices).astype(np.int32)
             starts = np.cumsum([0] + [len(d) for d in self._dicts])
             luts = [np.append(all_codes[a:b], np.int32(-1)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
-            for lo, hi, k in self._pieces:
-                piece = self.codes[lo:hi]
-                np.take(luts[k], piece, out=piece)   # mode "raise": buffered, so reading and writing one array
+            if not np.array_equal(luts[0][:-1], np.arange(starts[1])):   # the first dictionary repeats a value
+                for lo, hi in self._first:
+                    piece = self.codes[lo:hi]
+                    np.take(luts[0], piece, out=piece)   # mode "raise": buffered, so reading and writing one array
+            for lo, indices, k in self._later:   # "wrap": unbuffered, and -1 (null) takes the last slot
+                np.take(luts[k], indices, out=self.codes[lo:lo + len(indices)], mode="wrap")
+            self._later = []
         if len(values) == 1 and not self.nulls:   # one value throughout (a stage, "ok"): no array needed
             return _blank_as_missing(np.broadcast_to(np.int8(0), (len(self.codes),)), values)
         return _blank_as_missing(self.codes, values)
@@ -468,23 +480,35 @@ class ReadAhead:
     def __init__(self, path: str | os.PathLike, fallback: Callable[[Path], Any] | None = None):
         self.path = Path(path)
         self._fallback = fallback
-        self._future: Future[Any] = Future()
-        threading.Thread(target=self._read, name="weknora-nb-read-ahead", daemon=True).start()
+        self._future = in_background(self._read, "weknora-nb-read-ahead")
 
-    def _read(self) -> None:
-        try:
-            with short_switches():
-                codes = parquet_codes(self.path)
-                if codes is None and self._fallback is not None:
-                    codes = self._fallback(self.path)
-            self._future.set_result(codes)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
-            self._future.set_exception(exc)
+    def _read(self) -> Any:
+        with short_switches():
+            codes = parquet_codes(self.path)
+            if codes is None and self._fallback is not None:
+                codes = self._fallback(self.path)
+        return codes
 
     def result(self) -> Any:
         """The codes, what ``fallback`` read, or None (the file needs ``read_results``, and no fallback
         was given); the reading's exception is raised here."""
         return self._future.result()
+
+
+def in_background(work: Callable[[], Any], name: str) -> Future[Any]:
+    """``work()`` started in a daemon thread of its own named ``name``: its result, or its exception, comes out
+    of the future's ``result()``. Being a daemon, it never holds up the end of the process (a command that
+    stops with an error does not wait for work it no longer needs)."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 _switches = {"users": 0, "before": 0.005}   # blocks open, and the interval before the first

@@ -12,7 +12,7 @@ them):
    grade >= 1), failed requests (status other than ``ok``), requests of unknown query ids;
    valid queries missing from a stage/repeat that other queries have are added as
    ``missing`` requests in step 6;
-4. lay the scored requests out as rows of a grid (:func:`_distinct_lists`); rows holding a
+4. lay the requests out as rows of a grid (:func:`_distinct_lists`); rows holding a
    repeated chunk id are found by sorting each row, and every row keeps its first K_max
    distinct chunk ids (first position kept, ranks closed up, duplicates counted over the
    whole list);
@@ -24,11 +24,12 @@ them):
 System figure = mean over scored requests of a (stage, repeat); the stage figure is
 the mean of its repeat figures, with their spread (std, min, max).
 
-Two cores: the test set's labels (:class:`_Relevance`) are prepared in a second thread
-while the results are read and grouped (Arrow and numpy work without the interpreter
-lock). :func:`score_files` also reads the results file while the test set loads (a
-:class:`~weknora_nb.core.codes.ReadAhead`, which the command line starts before it imports
-pandas), and hashes the test set while scoring.
+Steps 1, 2 and 4 need no test set (:func:`_prepare`: the results' side, every request's list laid out as if
+it were scored; step 3 then empties those not scored). Two cores: the test set's labels
+(:class:`_Relevance`) are prepared in a second thread while the results are read and grouped
+(Arrow and numpy work without the interpreter lock). :func:`score_files` does the whole results'
+side while the test set loads (the file read by a :class:`~weknora_nb.core.codes.ReadAhead`, which
+the command line starts before it imports pandas), and hashes the test set while scoring.
 :meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
 strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
@@ -48,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from weknora_nb.core.codes import ReadAhead, ResultCodes, extremes, short_switches
+from weknora_nb.core.codes import ReadAhead, ResultCodes, extremes, in_background, short_switches
 from weknora_nb.core.errors import Problem, ResultsError, UsageError, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
@@ -561,11 +562,41 @@ class _Selection:
 
 @dataclass
 class _Lists:
-    """The scored requests' ranked lists after duplicate removal (step 4)."""
+    """The requests' ranked lists after duplicate removal (step 4)."""
 
     top: np.ndarray           # requests x K_max: first K_max distinct chunk codes, -1 padding
     n_returned: np.ndarray    # distinct chunks returned per request (0 when not scored)
     n_duplicates: np.ndarray  # repeated chunk ids removed per request (0 when not scored)
+
+    def only(self, scored: np.ndarray) -> _Lists:
+        """These lists with the requests not ``scored`` emptied: no chunk, counts 0 (in place)."""
+        self.top[~scored] = -1
+        self.n_returned[~scored] = 0
+        self.n_duplicates[~scored] = 0
+        return self
+
+
+@dataclass
+class _Prepared:
+    """The results' side of :func:`score`, which needs no test set (:func:`_prepare`): the rows read and kept
+    (``req.codes``), grouped into requests and checked (steps 1 and 2), and every request's list laid out
+    (step 4) as if it were scored."""
+
+    req: _Requests
+    lists: _Lists
+    stages: list[str] | None   # the stages kept (None: all)
+    n_expanded: int            # absorbed chunks unfolded
+
+
+def _prepare(results: pd.DataFrame | ResultCodes | str | os.PathLike, sub_chunks: str, source: str | None,
+             stages: Iterable[str] | None, k_max: int) -> _Prepared:
+    """Read ``results`` (:func:`_read`), keep ``stages``, group the rows into requests, check their structure,
+    and lay out each request's first ``k_max`` distinct chunks."""
+    rc, n_expanded, source = _read(results, sub_chunks, source)
+    rc, row_number, kept = _keep_stages(rc, stages)
+    req = _group_requests(rc, row_number)
+    _check_structure(req, source)
+    return _Prepared(req, _distinct_lists(req, np.ones(req.n, bool), k_max), kept, n_expanded)
 
 
 # -- the entry point ------------------------------------------------------------------------
@@ -615,13 +646,17 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     mets = _check_options(metrics, domain_adjustment, sub_chunks)
     with ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-labels") as pool:
         labels = pool.submit(_Relevance.of, testset)   # the test set's side, beside the results' (Arrow, numpy)
-        rc, n_expanded, source = _read(results, sub_chunks, source)
-        rc, row_number, stages = _keep_stages(rc, stages)
-        req = _group_requests(rc, row_number)
-        _check_structure(req, source)
-        sel = _select(req, testset)
-        lists = _distinct_lists(req, sel.scored, max(m.k for m in mets))
-        values = _metric_values(req, sel, lists.top, testset, mets, labels.result())
+        prepared = _prepare(results, sub_chunks, source, stages, _k_max(mets))
+        return _score_prepared(testset, prepared, mets, labels.result(), domain_adjustment)
+
+
+def _score_prepared(testset: TestSet, prepared: _Prepared, mets: list[Metric], labels: _Relevance,
+                    domain_adjustment: float) -> Scores:
+    """Steps 3, 5 and 6 of :func:`score`: what needs the test set, given the results' side (:func:`_prepare`)."""
+    req, stages, rc = prepared.req, prepared.stages, prepared.req.codes
+    sel = _select(req, testset)
+    lists = prepared.lists.only(sel.scored)
+    values = _metric_values(req, sel, lists.top, testset, mets, labels)
     requests, values = _requests_table(req, sel, lists, values, testset.queries)
     names = [m.name for m in mets]
     per_query = _per_query_table(requests, values, names, has_latency=rc.latency_ms is not None)
@@ -630,30 +665,42 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     by_repeat = _by_repeat_table(per_query, names, stage_order)
     summary = _summary_table(by_repeat, _queries_per_stage(req, sel.scored), names, stage_order,
                              domain_adjustment)
-    counts = _counts(testset.queries, requests, sel, lists, n_expanded, stage_order, req.repeats)
+    counts = _counts(testset.queries, requests, sel, lists, prepared.n_expanded, stage_order, req.repeats)
     warnings = _warnings(counts, domain_adjustment)
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
                   summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)
 
 
+def _k_max(mets: list[Metric]) -> int:
+    """The longest prefix of a list any of ``mets`` reads."""
+    return max(m.k for m in mets)
+
+
 def score_files(testset: str | os.PathLike, results: str | os.PathLike | ReadAhead,
                 metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
                 domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
     """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
-    same checks and errors in the same order, using a second core: the results file is read in a second
-    thread while the test set loads (reading it is Arrow work, which leaves the first thread free), and
+    same checks and errors in the same order, using a second core: the results file is read, grouped into
+    requests and checked, and each request's distinct list laid out, in a second thread while the test set
+    loads (none of it needs the test set, and it is Arrow and numpy work, which leaves the first thread free);
     the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring. ``results`` may be a
     :class:`~weknora_nb.core.codes.ReadAhead` of the results file, started earlier (the command line starts
     one before it imports pandas)."""
-    _check_options(metrics, domain_adjustment, sub_chunks)
+    mets = _check_options(metrics, domain_adjustment, sub_chunks)
     ahead = results if isinstance(results, ReadAhead) else ReadAhead(results, read_results)
-    with short_switches(), ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-files") as pool:
+
+    def results_side() -> _Prepared:
+        rows = ahead.result()
+        return _prepare(rows if rows is not None else read_results(ahead.path), sub_chunks, str(ahead.path), stages,
+                        _k_max(mets))
+
+    with short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
+        prepared = in_background(results_side, "weknora-nb-results")   # while the test set loads
         ts = load_testset(Path(testset))
         digest = pool.submit(lambda: ts.hash)
-        rows = ahead.result()
-        sc = score(ts, rows if rows is not None else read_results(ahead.path), metrics, stages=stages,
-                   domain_adjustment=domain_adjustment, sub_chunks=sub_chunks, source=str(ahead.path))
+        labels = pool.submit(_Relevance.of, ts)
+        sc = _score_prepared(ts, prepared.result(), mets, labels.result(), domain_adjustment)
         digest.result()
     return sc
 
