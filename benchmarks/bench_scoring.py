@@ -17,11 +17,14 @@ comparisons, each printed with its goal and PASS or FAIL (issue 17):
   included) against pytrec_eval's evaluator built and evaluated on dicts already in memory.
   Goal: at least 10x, identical values.
 
-ranx (objects built and evaluated) is timed once for reference. Every timed call follows a
-warm-up call; each is timed ``--repeat`` times and the best is compared (timeit's convention;
-every time is printed): on a shared 2-core virtual machine single timings vary by up to 2x.
+ranx (objects built and evaluated) is timed once for reference. Every timed measurement follows a
+warm-up, then runs ``--repeat`` rounds, each round running every measurement once, in turn: on a
+shared 2-core virtual machine single timings vary by up to 2x, and the machine's speed drifts
+over minutes, so each ratio is taken within a round (both sides timed a few seconds apart) and
+its verdict is the median of the rounds' ratios; the ratio of the two bests (timeit's convention)
+and every time are printed beside it.
 
-    python benchmarks/bench_scoring.py [--queries 100000] [--ranks 100] [--seed 0] [--repeat 3] [--no-ranx]
+    python benchmarks/bench_scoring.py [--queries 100000] [--ranks 100] [--seed 0] [--repeat 5] [--no-ranx]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +113,7 @@ def timed(fn, repeat: int = 1):
 
 
 def _times(times: list[float]) -> str:
-    return "" if len(times) < 2 else f"  best of {', '.join(f'{t:.2f}' for t in times)}"
+    return "" if len(times) < 2 else f"  of {', '.join(f'{t:.2f}' for t in times)}"
 
 
 def _cli() -> list[str]:
@@ -165,8 +169,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=100_000)
     ap.add_argument("--ranks", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="timed runs of each weknora-nb and pytrec_eval measurement after the warm-up; the best counts")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="rounds of timed runs after the warm-up, each round running every measurement once, in turn")
     ap.add_argument("--no-ranx", action="store_true", help="leave ranx out (its run takes about 20 s at full size)")
     args = ap.parse_args()
     print(describe(), flush=True)
@@ -174,23 +178,8 @@ def main() -> None:
         print(f"building {args.queries:,} queries x {args.ranks} ranks ...", flush=True)
         ts, path, qids, chunk_names, run_c, rel = make_data(args.queries, args.ranks, args.seed, Path(tmp))
         metrics = list(DEFAULT_METRICS) + ["ndcg@5:linear", "ndcg@10:linear"]
-
-        # weknora-nb as a user runs it: a fresh process, files to figures (a warm-up run first: the page cache)
         testset_file = Path(tmp) / "testset.jsonl"
         ts.to_jsonl(testset_file)
-        cli_args = ["score", str(testset_file), str(path), "--json", "--metrics", ",".join(metrics)]
-        run_cli(cli_args, Path(tmp) / "warm-up.json")
-        cli_runs = [run_cli(cli_args, Path(tmp) / "scores.json") for _ in range(args.repeat)]
-        t_cli, peak_gb = min(t for t, _ in cli_runs), max(m for _, m in cli_runs)
-        with open(Path(tmp) / "scores.json", "rb") as fh:
-            cli_json = json.load(fh)
-        cli_pq = pd.DataFrame(cli_json["per_query"]).set_index("query_id")
-
-        # weknora-nb in process: read the file and score (warm-up call on a small file first)
-        small_path = write_results(pd.read_parquet(path).head(1000), Path(tmp) / "small.parquet")
-        score(ts, small_path, metrics)
-        t_ours, all_ours, sc = timed(lambda: score(ts, path, metrics), args.repeat)
-        pq_ = sc.per_query.set_index("query_id")
         valid = [q for q in qids if any(g >= 1 for g in rel[q].values())]
 
         # reference inputs per docs/method.md section 2: grade >= 1 labels; scores encode the returned order
@@ -204,30 +193,57 @@ def main() -> None:
                 if c not in seen:
                     seen[c] = order_scores[j]
             run[q] = seen
-
-        import pytrec_eval
-        measures = {"recall.3,5,10", "ndcg_cut.5,10"}
-        small = {q: qrels[q] for q in valid[:100]}
-        pytrec_eval.RelevanceEvaluator(small, measures).evaluate({q: run[q] for q in small})
-        t_trec, all_trec, trec = timed(lambda: pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run),
-                                       args.repeat)
         qrels_file, run_file = Path(tmp) / "bench.qrels", Path(tmp) / "bench.run"
         with open(qrels_file, "w") as fh:
             fh.writelines(f"{q} 0 {c} {g}\n" for q in valid for c, g in qrels[q].items())
         with open(run_file, "w") as fh:
             fh.writelines(f"{q} Q0 {c} {i + 1} {s} x\n" for q in valid for i, (c, s) in enumerate(run[q].items()))
 
+        import pytrec_eval
+        measures = {"recall.3,5,10", "ndcg_cut.5,10"}
+
         def trec_from_files():
             with open(qrels_file) as fq, open(run_file) as fr:
                 return pytrec_eval.RelevanceEvaluator(pytrec_eval.parse_qrel(fq), measures).evaluate(
                     pytrec_eval.parse_run(fr))
-        trec_from_files()
-        t_trec_files, all_trec_files, trec_f = timed(trec_from_files, args.repeat)
-        assert trec_f == trec
-        # and as a user runs it, measured as weknora-nb is: a fresh process, start to last byte, collector on
+
+        # every measurement: what it runs; the processes' peak memory is kept beside their times
+        cli_args = ["score", str(testset_file), str(path), "--json", "--metrics", ",".join(metrics)]
         trec_command = [sys.executable, "-c", TREC_SCRIPT, str(qrels_file), str(run_file), *sorted(measures)]
-        user_runs = [run_process(trec_command, Path(tmp) / "trec.json") for _ in range(args.repeat)]
-        t_trec_user = min(t for t, _ in user_runs)
+        peaks: list[float] = []
+
+        def cli_run() -> float:
+            seconds, peak = run_cli(cli_args, Path(tmp) / "scores.json")
+            peaks.append(peak)
+            return seconds
+
+        work = {
+            "cli": cli_run,
+            "script": lambda: run_process(trec_command, Path(tmp) / "trec.json")[0],
+            "score": lambda: timed(lambda: score(ts, path, metrics))[0],
+            "dicts": lambda: timed(lambda: pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run))[0],
+            "files": lambda: timed(trec_from_files)[0],
+        }
+        # warm-ups (the page cache, imports, first allocations), not counted; then the rounds, each running every
+        # measurement once in turn, so that a drift of the machine's speed touches both sides of each ratio alike
+        small_path = write_results(pd.read_parquet(path).head(1000), Path(tmp) / "small.parquet")
+        score(ts, small_path, metrics)
+        small = {q: qrels[q] for q in valid[:100]}
+        pytrec_eval.RelevanceEvaluator(small, measures).evaluate({q: run[q] for q in small})
+        run_cli(cli_args, Path(tmp) / "warm-up.json")
+        times: dict[str, list[float]] = {name: [] for name in work}
+        for r in range(args.repeat):
+            for name, fn in work.items():
+                times[name].append(fn())
+            print(f"round {r + 1} of {args.repeat}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()),
+                  flush=True)
+
+        # the values, once: weknora-nb's (the CLI's last output, score() in process) against pytrec_eval's and ranx's
+        with open(Path(tmp) / "scores.json", "rb") as fh:
+            cli_pq = pd.DataFrame(json.load(fh)["per_query"]).set_index("query_id")
+        pq_ = score(ts, path, metrics).per_query.set_index("query_id")
+        trec = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+        assert trec_from_files() == trec
         with open(Path(tmp) / "trec.json") as fh:
             assert json.load(fh) == trec
 
@@ -249,34 +265,47 @@ def main() -> None:
                                        pq_.loc[valid, list(metrics)].to_numpy(dtype=float)))
 
     identical = max(worst_trec, worst_cli, 0 if args.no_ranx else worst_ranx) <= 1e-9 and same_cli
-    files_x, user_x, in_process_x = t_trec_files / t_cli, t_trec_user / t_cli, t_trec / t_ours
-    print(f"rows scored         : {args.queries * args.ranks:,} ({len(valid):,} valid queries)")
-    print(f"weknora-nb score    : {t_cli:8.2f} s  (a fresh process: testset.jsonl + results.parquet to --json "
-          f"on stdout){_times([t for t, _ in cli_runs])}")
-    print(f"weknora-nb score()  : {t_ours:8.2f} s  (in process: read Parquet + {len(metrics)} metrics)"
-          f"{_times(all_ours)}")
-    print(f"pytrec_eval (files) : {t_trec_files:8.2f} s  (parse_qrel + parse_run + evaluate, {len(TREC)} measures, "
-          f"in this process, collector off){_times(all_trec_files)}")
-    print(f"pytrec_eval (script): {t_trec_user:8.2f} s  (the same as a user runs it: a fresh process, start to last "
-          f"byte, its figures as JSON on stdout){_times([t for t, _ in user_runs])}")
-    print(f"pytrec_eval (dicts) : {t_trec:8.2f} s  (evaluator built + evaluated on in-memory dicts){_times(all_trec)}")
+    report(times, metrics, peaks, args, t_ranx)
     if not args.no_ranx:
-        print(f"ranx                : {t_ranx:8.2f} s  (Qrels/Run built + evaluated, {len(RANX)} metrics)")
-    print(f"files to figures    : {files_x:8.2f} x   weknora-nb score vs pytrec_eval from files, in process "
-          f"(goal >= {GOAL_FILES:g}x)  {verdict(files_x >= GOAL_FILES)}")
-    print(f"files to figures    : {user_x:8.2f} x   weknora-nb score vs pytrec_eval's script, both run as a user "
-          f"runs them (goal >= {GOAL_FILES:g}x)  {verdict(user_x >= GOAL_FILES)}")
-    print(f"in process          : {in_process_x:8.2f} x   score() vs pytrec_eval on dicts "
-          f"(goal >= {GOAL_IN_PROCESS:g}x)  {verdict(in_process_x >= GOAL_IN_PROCESS)}")
-    if not args.no_ranx:
-        print(f"speed-up vs ranx    : {t_ranx / t_ours:8.2f} x   score() vs ranx")
-    print(f"peak memory         : {peak_gb:8.2f} GB  weknora-nb score process, max RSS "
-          f"(goal < {GOAL_MEMORY_GB:g} GB)  {verdict(peak_gb < GOAL_MEMORY_GB)}")
+        print(f"speed-up vs ranx    : {t_ranx / min(times['score']):8.2f} x   score() vs ranx")
     print(f"max |diff| pytrec   : {worst_trec:.2e} (score()), {worst_cli:.2e} (weknora-nb score --json)")
     if not args.no_ranx:
         print(f"max |diff| ranx     : {worst_ranx:.2e}")
     print(f"identical values    : {'yes' if identical else 'NO'}  (--json per-query values equal score()'s: "
           f"{'yes' if same_cli else 'NO'})  {verdict(identical)}")
+
+
+def report(times: dict[str, list[float]], metrics: list[str], peaks: list[float], args: argparse.Namespace,
+           t_ranx: float) -> None:
+    """Each measurement's best and median, then each ratio of issue 17: the median of its rounds' ratios (the
+    verdict: both sides of each were timed in the same round) with their range, and the ratio of the bests."""
+    def line(label: str, name: str, what: str) -> None:
+        t = times[name]
+        print(f"{label:20s}: {min(t):8.2f} s  median {statistics.median(t):6.2f} s  ({what}){_times(t)}")
+
+    print(f"rows scored         : {args.queries * args.ranks:,}")
+    line("weknora-nb score", "cli", "a fresh process: testset.jsonl + results.parquet to --json on stdout")
+    line("weknora-nb score()", "score", f"in process: read Parquet + {len(metrics)} metrics")
+    line("pytrec_eval (files)", "files", f"parse_qrel + parse_run + evaluate, {len(TREC)} measures, in this "
+         "process, collector off")
+    line("pytrec_eval (script)", "script", "the same as a user runs it: a fresh process, start to last byte, its "
+         "figures as JSON on stdout")
+    line("pytrec_eval (dicts)", "dicts", "evaluator built + evaluated on in-memory dicts")
+    if not args.no_ranx:
+        print(f"ranx                : {t_ranx:8.2f} s  (Qrels/Run built + evaluated, {len(RANX)} metrics)")
+    for ref, ours, goal, what in (("files", "cli", GOAL_FILES, "weknora-nb score vs pytrec_eval from files, in "
+                                   "process"),
+                                  ("script", "cli", GOAL_FILES, "weknora-nb score vs pytrec_eval's script, both "
+                                   "run as a user runs them"),
+                                  ("dicts", "score", GOAL_IN_PROCESS, "score() vs pytrec_eval on dicts")):
+        paired = [a / b for a, b in zip(times[ref], times[ours], strict=True)]
+        median, bests = statistics.median(paired), min(times[ref]) / min(times[ours])
+        print(f"{'in process' if ours == 'score' else 'files to figures':20s}: {median:8.2f} x   {what} (median of "
+              f"{len(paired)} rounds, {min(paired):.2f}-{max(paired):.2f}; bests {bests:.2f}; goal >= {goal:g}x)  "
+              f"{verdict(median >= goal)}")
+    peak_gb = max(peaks)
+    print(f"peak memory         : {peak_gb:8.2f} GB  weknora-nb score process, max RSS "
+          f"(goal < {GOAL_MEMORY_GB:g} GB)  {verdict(peak_gb < GOAL_MEMORY_GB)}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from weknora_nb import cli, write_results
@@ -91,6 +92,13 @@ def test_bad_input_exits_2_with_the_place(tmp_path, files):
     assert proc.returncode == 2 and "family@K" in proc.stderr
     proc = run("score", str(files[0]), str(tmp_path / "none.parquet"), check=False)
     assert proc.returncode == 2 and "not found" in proc.stderr
+    # rows the results' side refuses (in the child process it is prepared in): read again here, named as ever
+    rows = pq.read_table(files[1]).to_pandas()
+    rows.loc[1, "rank"] = 1
+    twice = write_results(rows, tmp_path / "twice.parquet")
+    proc = run("score", str(files[0]), str(twice), check=False)
+    assert proc.returncode == 2 and f"{twice}, row 2, field 'rank': rank 1 appears twice" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_score_ends_at_once_with_its_output_whole(files, tmp_path, capsysbinary):

@@ -16,6 +16,7 @@ import gc
 import json
 import random
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,10 @@ from hypothesis import strategies as st
 
 from weknora_nb import cli, score, write_results
 from weknora_nb.core import codes as codes_module
-from weknora_nb.core import scoring as scoring_module
+from weknora_nb.core import requests as requests_module
 from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
+from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
 from weknora_nb.core.scoring import score_files
 from weknora_nb.core.testset import TestSet, load_testset
@@ -164,37 +166,109 @@ def test_score_files_reports_errors_in_the_order_score_did(tmp_path, files):
     assert str(bad_results) in str(err.value)
 
 
-def test_reading_a_parquet_file_into_codes_imports_no_pandas(files, tmp_path):
-    """ReadAhead runs beside the import of pandas: were the reading to import it (pyarrow's to_numpy,
-    pa.array and pa.scalar do), it would wait for that import to end."""
+def test_preparing_a_parquet_file_imports_no_pandas(files, tmp_path):
+    """The results' side runs beside the import of pandas (in a child process for the command line): were the
+    reading to import it (pyarrow's to_numpy, pa.array and pa.scalar do), it would cost the child 0.3 s more,
+    or make a thread wait for that import."""
     one = tmp_path / "one.parquet"   # stage, repeat and status constant: read from the statistics
     write_results(results_frame(ranked("q1", ["X", "B", "A"]) + ranked("中文 😀", ["C"])), one)
-    code = ("import sys; from weknora_nb.core.codes import parquet_codes; "
-            "n = [len(parquet_codes(p)) for p in sys.argv[1:]]; "
+    code = ("import sys; from weknora_nb.core.requests import prepare_file; "
+            "n = [prepare_file(p, None, 10).requests.n for p in sys.argv[1:]]; "
             "print(n, sorted(m for m in ('pandas', 'weknora_nb.core.results') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code, str(files[1]), str(one)], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stdout.strip() == f"[{len(read_results(files[1]))}, 4] []", proc.stderr
+    assert proc.returncode == 0 and proc.stdout.strip() == "[8, 2] []", proc.stderr
 
 
-def test_a_read_ahead_scores_as_the_path_does_and_raises_the_readings_error_when_asked(tmp_path, files):
-    from weknora_nb.core.codes import ReadAhead
-
+def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readings_error_when_asked(tmp_path,
+                                                                                                     files):
+    """Without ``fork`` (what a caller of ``cli.main`` or of the library gets), the results are prepared in a
+    thread."""
     by_path = score_files(*files, ["ndcg@5", "hit@1"])
-    ahead = ReadAhead(files[1])
-    assert isinstance(ahead.result(), ResultCodes)
-    assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
-    # a file for read_results: None without a fallback (score_files then reads it), the table with one
+    with PrepareAhead(files[1], None, 5) as ahead:
+        assert ahead._pid is None
+        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
+    # a file for read_results: None (score_files then reads it)
     csv = tmp_path / "r.csv"
     write_results(read_results(files[1]), csv)
-    assert ReadAhead(csv).result() is None
-    assert isinstance(ReadAhead(csv, read_results).result(), pd.DataFrame)
-    assert score_files(files[0], ReadAhead(csv), ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
+    with PrepareAhead(csv, None, 5) as ahead:
+        assert ahead.result() is None
+    with PrepareAhead(csv, None, 5) as ahead:
+        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
-    ahead = ReadAhead(bad)   # the error waits for the caller
-    with pytest.raises(ResultsError) as err:
+    with PrepareAhead(bad, None, 5) as ahead, pytest.raises(ResultsError) as err:   # the error waits for the caller
         ahead.result()
     assert str(bad) in str(err.value)
+    with PrepareAhead(files[1], ["final"], 5) as ahead, pytest.raises(ValueError, match="other stages"):
+        score_files(files[0], ahead, ["ndcg@5"])   # begun for other stages than asked
+    with PrepareAhead(files[1], None, 5) as ahead, pytest.raises(ValueError, match="shorter lists"):
+        score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
+
+
+#: a fresh process, one thread: PrepareAhead forks a child; prints what score_files gives with it, whether a
+#: child was forked, and whether any child is left once the scoring is done
+FORKED = """
+import json, os, sys
+from weknora_nb.core.requests import PrepareAhead
+from weknora_nb.core.scoring import score_files
+testset, results, stages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    with PrepareAhead(results, stages, 10, fork=True) as ahead:
+        forked = ahead._pid is not None
+        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
+except Exception as exc:
+    out = f"{type(exc).__name__}: {exc}"
+    forked = True
+try:
+    os.waitpid(-1, os.WNOHANG)
+    left = True
+except ChildProcessError:
+    left = False
+print(json.dumps({"forked": forked, "left": left, "out": out}))
+"""
+
+
+@pytest.mark.parametrize("stages", [None, ["hybrid"], ["nosuch"]])
+def test_prepare_ahead_in_a_child_process_scores_as_the_path_does_and_leaves_no_process(tmp_path, files, stages):
+    """In a process of one thread (the command line's), the results' side runs in a forked child: the figures
+    are those of the path in this process, a CSV file (not for the fast path) and a damaged one are read by
+    the parent (the damage named as ever), a stage the results lack is refused as ever, and no child is left."""
+    csv = tmp_path / "r.csv"
+    write_results(read_results(files[1]), csv)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+
+    def expected(results):
+        try:
+            return score_files(files[0], results, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
+        except (ResultsError, UsageError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    for results in (files[1], csv, bad):
+        proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), str(results), json.dumps(stages)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["forked"] and not got["left"]
+        assert got["out"] == json.loads(json.dumps(expected(results)))
+
+
+def test_a_child_still_at_work_is_killed_when_the_caller_stops(tmp_path):
+    """close() (the end of the with block, an error or an interrupt in the caller) ends the child at once; a
+    child that has finished is reaped with its status."""
+    big = tmp_path / "big.parquet"
+    n = 400_000
+    write_results(pd.DataFrame({"query_id": [f"q{i // 50}" for i in range(n)], "stage": "final", "repeat": 1,
+                                "rank": np.tile(np.arange(1, 51), n // 50),
+                                "chunk_id": [f"c{i % 977}" for i in range(n)], "score": 1.0, "status": "ok"}), big)
+    code = ("import json, sys; from weknora_nb.core.requests import PrepareAhead\n"
+            "with PrepareAhead(sys.argv[1], None, 10, fork=True) as early:\n"
+            "    pass\n"
+            "with PrepareAhead(sys.argv[1], None, 10, fork=True) as late:\n"
+            "    n = late.result().requests.n\n"
+            "print(json.dumps([early.exitcode, late.exitcode, n]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == [-signal.SIGKILL, 0, n // 50], proc.stderr
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,8 +295,8 @@ def test_first_k_distinct_sorted_as_16_or_32_bit_values_is_the_plain_reading(sor
     sorts them in SIMD) or as they are: the choice is speed only."""
     rng = np.random.default_rng(rows + width)
     grid = rng.integers(0, values, size=(rows, width)).astype(np.int32)
-    with mock.patch.object(scoring_module, "SORT_16BIT", sort_16bit):
-        top, n_dup = scoring_module._first_k_distinct(grid, k, below=65_536)
+    with mock.patch.object(requests_module, "SORT_16BIT", sort_16bit):
+        top, n_dup = requests_module._first_k_distinct(grid, k, below=65_536)
     for r in rng.choice(rows, size=min(rows, 300), replace=False) if rows else []:
         distinct = list(dict.fromkeys(grid[r].tolist()))
         assert top[r].tolist() == (distinct + [-1] * k)[:min(k, width)]

@@ -256,21 +256,24 @@ def _cmd_score(args: argparse.Namespace) -> int:
     """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
     for a query of the test set): the figures would be empty, not zero. Failed or missing requests
     of a partial run are counted and listed in the output, and the exit stays 0."""
-    from weknora_nb.core.codes import ReadAhead
-
-    ahead = ReadAhead(args.results, _read_results)   # Arrow reads the results while pandas and the rest import
-    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
-    from weknora_nb.reports.text import format_scores
+    from weknora_nb.core.metrics import parse_metrics
+    from weknora_nb.core.requests import PrepareAhead
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
-    if args.per_query_out:
-        per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
-    sc = score_files(args.testset, ahead, metrics, stages=args.stage or None,
-                     domain_adjustment=args.domain_adjustment)
+    # the results' side of scoring in a child process, while this one imports pandas and loads the test set
+    with PrepareAhead(args.results, args.stage or None, max(m.k for m in parse_metrics(metrics)),
+                      fork=_OWN_PROCESS["run"]) as ahead:
+        from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
+        from weknora_nb.reports.text import format_scores
+
+        if args.per_query_out:
+            per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
+        sc = score_files(args.testset, ahead, metrics, stages=args.stage or None,
+                         domain_adjustment=args.domain_adjustment)
     if args.per_query_out:
         sc.write_per_query(args.per_query_out)
     if args.json:
-        _print_bytes(sc.to_json_bytes(per_query=not args.per_query_out, indent=not args.compact))
+        _print_bytes(sc.json_pieces(per_query=not args.per_query_out, indent=not args.compact))
     else:
         print(format_scores(sc))
     if sc.counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
@@ -279,21 +282,15 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_results(path: Any) -> Any:
-    """:func:`weknora_nb.core.results.read_results` (imported when a results file needs it)."""
-    from weknora_nb.core.results import read_results
-
-    return read_results(path)
-
-
-def _print_bytes(data: bytes) -> None:
-    """Print UTF-8 text given as bytes (and a newline) on stdout, without decoding it when stdout takes bytes."""
+def _print_bytes(pieces: list[bytes | memoryview]) -> None:
+    """Print UTF-8 text given as pieces of bytes (and a newline) on stdout, without decoding it when stdout takes
+    bytes."""
     out = getattr(sys.stdout, "buffer", None)
     if out is None:
-        print(data.decode("utf-8"))
+        print(b"".join(pieces).decode("utf-8"))
         return
     sys.stdout.flush()
-    out.write(data)
+    out.writelines(pieces)
     out.write(b"\n")
     out.flush()
 
@@ -1031,6 +1028,10 @@ def _exit_status(code: Any) -> int:
 #: child process, kernel or temporary file left): :func:`run` ends their process at once
 _ENDS_AT_ONCE = frozenset({"_cmd_score"})
 
+#: ``run``: the process is the program's own (:func:`run` started it, not a caller of :func:`main`), so that a
+#: command may fork it (``score`` prepares the results in a child process while it loads the test set)
+_OWN_PROCESS = {"run": False}
+
 
 def _no_huge_pages() -> None:
     """numpy of this process (and of the processes it starts) does not ask for transparent huge pages for its
@@ -1058,6 +1059,7 @@ def run() -> int:
     command, an error and a traceback end as usual.
     """
     _no_huge_pages()
+    _OWN_PROCESS["run"] = True
     ended: list[str] = []
     try:
         code = main(finished=ended)

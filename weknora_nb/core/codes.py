@@ -3,10 +3,8 @@
 A Parquet results file whose columns have the results-table types is read straight into
 codes (:func:`parquet_codes`), a record batch at a time, and its rows are checked as
 :func:`weknora_nb.core.results.read_results` checks them. Nothing here imports pandas, so
-that a command can start reading its results file while pandas and the scoring code are
-still being imported: :class:`ReadAhead` reads one in a thread of its own (Arrow decodes
-without the interpreter lock), and :func:`weknora_nb.core.scoring.score_files` takes it in
-place of the path.
+that a command can read its results file while pandas and the scoring code are still being
+imported (:class:`weknora_nb.core.requests.PrepareAhead`, in a child process or a thread).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-__all__ = ["ResultCodes", "ReadAhead", "parquet_codes", "extremes", "short_switches", "in_background"]
+__all__ = ["ResultCodes", "parquet_codes", "extremes", "short_switches", "in_background"]
 
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
@@ -248,8 +246,9 @@ def _frame_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
 def _numbers(arr: pa.Array, fill: float = 0) -> np.ndarray:
     """The values of an Arrow array of integers or floats as a numpy array (``fill`` where null): without a
     null, a read-only view of its buffer. pyarrow's ``to_numpy`` (and ``fill_null``, ``pa.array``,
-    ``pa.scalar``) import pandas first, and would wait for, or hold up, a thread importing it: what
-    :class:`ReadAhead` runs beside. Other types take pyarrow's conversion."""
+    ``pa.scalar``) import pandas first: 0.3 s more for the reading that
+    :class:`~weknora_nb.core.requests.PrepareAhead` runs beside the caller's own import of pandas (a thread
+    would wait for that import, or hold it up). Other types take pyarrow's conversion."""
     if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
         return arr.to_numpy(zero_copy_only=False)
     dtype = np.dtype(arr.type.to_pandas_dtype())
@@ -464,35 +463,6 @@ def parquet_codes(path: str | os.PathLike) -> ResultCodes | None:
     if problems:
         raise ResultsError(p, problems)
     return codes
-
-
-class ReadAhead:
-    """:func:`parquet_codes` of ``path`` started now, in a thread of its own; :meth:`result` waits for it.
-
-    Reading is Arrow work, mostly without the interpreter lock: the thread goes on while the
-    caller imports pandas or parses a test set. Within the reading, threads take turns with the
-    interpreter lock more often (:func:`short_switches`), so that the reader's moments between
-    Arrow calls do not wait for a long stretch of Python work in the caller. ``fallback`` reads,
-    in the same thread, a file that is not for :func:`parquet_codes`
-    (:func:`weknora_nb.core.results.read_results`); without one, :meth:`result` is then None.
-    """
-
-    def __init__(self, path: str | os.PathLike, fallback: Callable[[Path], Any] | None = None):
-        self.path = Path(path)
-        self._fallback = fallback
-        self._future = in_background(self._read, "weknora-nb-read-ahead")
-
-    def _read(self) -> Any:
-        with short_switches():
-            codes = parquet_codes(self.path)
-            if codes is None and self._fallback is not None:
-                codes = self._fallback(self.path)
-        return codes
-
-    def result(self) -> Any:
-        """The codes, what ``fallback`` read, or None (the file needs ``read_results``, and no fallback
-        was given); the reading's exception is raised here."""
-        return self._future.result()
 
 
 def in_background(work: Callable[[], Any], name: str) -> Future[Any]:

@@ -4,15 +4,14 @@
 codes (:class:`~weknora_nb.core.codes.ResultCodes`; a Parquet path is read straight into
 them):
 
-1. group rows into requests (:func:`_group_requests`): runs of equal (query, stage,
+1. group rows into requests (:func:`~weknora_nb.core.requests.prepare`): runs of equal (query, stage,
    repeat); rows are sorted only when a request's rows lie apart or out of rank order;
-2. check structure (:func:`_check_structure`): one status per request, no rank given
-   twice;
+2. check structure (there too): one status per request, no rank given twice;
 3. set aside what is not scored, with the reason (:func:`_select`): invalid queries (no
    grade >= 1), failed requests (status other than ``ok``), requests of unknown query ids;
    valid queries missing from a stage/repeat that other queries have are added as
    ``missing`` requests in step 6;
-4. lay the requests out as rows of a grid (:func:`_distinct_lists`); rows holding a
+4. lay the requests out as rows of a grid (:mod:`weknora_nb.core.requests`); rows holding a
    repeated chunk id are found by sorting each row, and every row keeps its first K_max
    distinct chunk ids (first position kept, ranks closed up, duplicates counted over the
    whole list);
@@ -24,12 +23,13 @@ them):
 System figure = mean over scored requests of a (stage, repeat); the stage figure is
 the mean of its repeat figures, with their spread (std, min, max).
 
-Steps 1, 2 and 4 need no test set (:func:`_prepare`: the results' side, every request's list laid out as if
-it were scored; step 3 then empties those not scored). Two cores: the test set's labels
+Steps 1, 2 and 4 need no test set (:mod:`weknora_nb.core.requests`: the results' side, every request's list
+laid out as if it were scored; step 3 then empties those not scored). Two cores: the test set's labels
 (:class:`_Relevance`) are prepared in a second thread while the results are read and grouped
 (Arrow and numpy work without the interpreter lock). :func:`score_files` does the whole results'
-side while the test set loads (the file read by a :class:`~weknora_nb.core.codes.ReadAhead`, which
-the command line starts before it imports pandas), and hashes the test set while scoring.
+side while the test set loads (in a thread, or given a :class:`~weknora_nb.core.requests.PrepareAhead`,
+which the command line begins in a child process before it imports pandas), and hashes the test set
+while scoring.
 :meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
 strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
@@ -49,13 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from weknora_nb.core.codes import ReadAhead, ResultCodes, extremes, in_background, short_switches
-from weknora_nb.core.errors import Problem, ResultsError, UsageError, writing
+from weknora_nb.core.codes import ResultCodes, in_background, short_switches
+from weknora_nb.core.errors import ResultsError, UsageError, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
-from weknora_nb.core.results import expand_sub_chunks, read_results, read_results_for_scoring
+from weknora_nb.core.requests import Lists, PrepareAhead, Prepared, Requests, prepare
+from weknora_nb.core.results import expand_sub_chunks, read_results_for_scoring
 from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
 
@@ -64,29 +65,11 @@ __all__ = ["Counts", "Scores", "score", "score_files", "result_codes"]
 
 log = logging.getLogger(__name__)
 
-#: padding cells a grid of requests x longest list may hold beyond 4 per row before the
-#: long lists are cut to their first K_max distinct chunks by hashing instead
-GRID_SLACK = 1_000_000
-
 #: the values ``score(..., sub_chunks=...)`` accepts
 SUB_CHUNKS = ("expand", "ignore")
 
 _INVALID = "invalid query (no chunk of grade >= 1)"
 
-
-def _sorts_16bit_in_simd() -> bool:
-    """Whether numpy sorts 16-bit integers with SIMD on this CPU (x86-simd-sort's 16-bit kernels need AVX-512
-    ICL or SPR). Without them a 16-bit sort is the scalar one, 5-9x slower than the AVX2 sort of the same
-    values as int32 (AMD EPYC, numpy 2.4: 0.58-0.93 s against 0.11 s for 100,000 rows of 100)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:   # another numpy layout: keep 32 bits, fast wherever numpy has a SIMD sort
-        return False
-    return bool(features.get("AVX512_ICL") or features.get("AVX512_SPR"))
-
-
-#: rows of chunk codes are sorted as 16-bit values (half the bytes) only where numpy has a SIMD sort for them
-SORT_16BIT = _sorts_16bit_in_simd()
 
 #: :attr:`Counts.incomplete_reason` when there is nothing to score
 NO_ROWS = "the results file has no rows"
@@ -246,15 +229,20 @@ class Scores:
     def to_json_bytes(self, *, per_query: bool = True, indent: bool = True) -> bytes:
         """:meth:`to_json_dict` as UTF-8 JSON text (orjson; ``indent``: two spaces, as ``json.dumps(indent=2)``).
         The per-query rows, most of the text, are written as Arrow strings, never as Python dicts."""
+        return b"".join(self.json_pieces(per_query=per_query, indent=indent))
+
+    def json_pieces(self, *, per_query: bool = True, indent: bool = True) -> list[bytes | memoryview]:
+        """:meth:`to_json_bytes` in pieces, to be written one after another (``writelines``): the per-query
+        rows are not copied once more into one text."""
         import orjson
 
         head = orjson.dumps(self.to_json_dict(per_query=False), option=orjson.OPT_INDENT_2 if indent else 0)
         if not per_query:
-            return head
+            return [head]
         rows = _per_query_json(self.per_query_mean(), self.metric_names, indent=indent)
         if indent:   # the head ends with "\n}"
-            return b"".join([memoryview(head)[:-2], b',\n  "per_query": ', *rows, b"\n}"])
-        return b"".join([memoryview(head)[:-1], b',"per_query":', *rows, b"}"])
+            return [memoryview(head)[:-2], b',\n  "per_query": ', *rows, b"\n}"]
+        return [memoryview(head)[:-1], b',"per_query":', *rows, b"}"]
 
     def write_per_query(self, path: str | os.PathLike) -> Path:
         """Write :meth:`per_query_mean` to ``path`` (atomically), the format following the suffix
@@ -354,7 +342,7 @@ def _json_numbers(v: np.ndarray) -> pa.Array:
     offsets = np.empty(len(v) + 1, np.int64)
     offsets[0], offsets[-1] = 0, len(raw) - len(commas)
     offsets[1:-1] = commas - np.arange(len(commas))
-    data = np.delete(raw, commas)
+    data = raw[raw != 44]
     return pa.LargeStringArray.from_buffers(len(v), pa.py_buffer(offsets), pa.py_buffer(data))
 
 
@@ -453,100 +441,7 @@ def _index_in(values, value_set) -> np.ndarray:
     return found.fill_null(-1).to_numpy().astype(np.int64)
 
 
-def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """For each row of ``grid`` (values >= 0, padding < 0): the first ``k`` distinct values
-    in row order (padded with -1) and the number of repeated values in the row.
-
-    A sorted copy of each row finds the rows holding a repeat (as 16-bit values when ``below``
-    says every value is in 0 .. 65,535 and numpy sorts them in SIMD, :data:`SORT_16BIT`: half the
-    bytes to sort); only those rows are argsorted
-    to tell first occurrences from repeats, and compacted (lists are short, repeats rare).
-    """
-    n_rows, width = grid.shape
-    top = np.maximum(grid[:, :k], -1)
-    n_dup = np.zeros(n_rows, np.int64)
-    if width < 2 or not n_rows:
-        return top, n_dup
-    # in blocks of rows: small temporaries are recycled instead of freshly mapped each time
-    small = np.uint16 if SORT_16BIT and below is not None and below <= (1 << 16) else None
-    block = max(1, (1 << 21) // width)
-    suspect = np.concatenate([
-        np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) + i
-        for i in range(0, n_rows, block)
-        for srt in [np.sort(grid[i:i + block] if small is None else grid[i:i + block].astype(small), axis=1)]])
-    if not len(suspect):
-        return top, n_dup
-    # within a suspect row, sorting value * width + position puts equal values together, earliest first
-    sub = grid[suspect]
-    srt = np.sort(sub.astype(np.int64) * width + np.arange(width), axis=1)
-    value, at = srt // width, srt % width
-    repeat = np.zeros(sub.shape, bool)
-    repeat[:, 1:] = (value[:, 1:] == value[:, :-1]) & (value[:, 1:] >= 0)
-    dup = np.zeros(sub.shape, bool)
-    np.put_along_axis(dup, at, repeat, axis=1)
-    n_dup[suspect] = dup.sum(axis=1)
-    keep = (sub >= 0) & ~dup
-    at = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # kept cells first, in row order
-    vals = np.take_along_axis(sub, at, axis=1)
-    vals[~np.take_along_axis(keep, at, axis=1)] = -1
-    top[suspect] = vals
-    return top, n_dup
-
-
-
 # -- what passes between the steps --------------------------------------------------------
-
-
-@dataclass
-class _Requests:
-    """The rows grouped into requests (step 1), as the later steps read them.
-
-    Row arrays (``query`` .. ``has_chunk``, one entry per row) are in an order where each
-    request's rows lie together, in rank order; request arrays (``starts`` .. ``key``) have
-    one entry per request, in the order the requests' rows come.
-    """
-
-    codes: ResultCodes            # the rows scored (after the stage filter): their dictionaries, latency
-    query: np.ndarray             # query code of each row
-    stage: np.ndarray             # stage code of each row
-    rank: np.ndarray
-    chunk: np.ndarray             # chunk code, -1 where none (a failed request's row)
-    status: np.ndarray            # status code; an empty status reads as ``ok``
-    has_chunk: np.ndarray         # chunk >= 0
-    brk: np.ndarray               # brk[j]: row j + 1 starts a request
-    ordered: bool                 # ranks strictly increase within every request
-    statuses: np.ndarray          # status names (``ok`` added when an empty status needed it)
-    order: np.ndarray | None      # row j here is row order[j] of ``codes`` (None: same order)
-    row_number: np.ndarray | None  # row i of ``codes`` is 0-based row row_number[i] of the caller's table
-    starts: np.ndarray            # first row of each request
-    lengths: np.ndarray           # rows of each request
-    r_query: np.ndarray           # query code of each request
-    r_stage: np.ndarray           # stage code of each request
-    repeats: np.ndarray           # distinct repeat numbers, ascending
-    r_repeat: np.ndarray          # each request's repeat, as a position in ``repeats``
-    key: np.ndarray               # (query * n_stages + stage) * n_repeats + repeat position, int64
-
-    @property
-    def n(self) -> int:
-        """Number of requests."""
-        return len(self.starts)
-
-    @property
-    def n_rep(self) -> int:
-        """Number of distinct repeats (at least 1: the base of ``key``)."""
-        return max(len(self.repeats), 1)
-
-    def row_of(self, j: int) -> int:
-        """1-based row number in the caller's table of row ``j`` (in the order here)."""
-        j = int(self.order[j]) if self.order is not None else int(j)
-        return (int(self.row_number[j]) if self.row_number is not None else j) + 1
-
-    def latency(self) -> np.ndarray:
-        """Latency (ms) of each request, NaN when the results carry none."""
-        lat = self.codes.latency_ms
-        if lat is None:
-            return np.full(self.n, np.nan)
-        return lat[self.order[self.starts]] if self.order is not None else lat[self.starts]
 
 
 @dataclass
@@ -560,43 +455,12 @@ class _Selection:
     reason: np.ndarray    # why a request is not scored (None when scored)
 
 
-@dataclass
-class _Lists:
-    """The requests' ranked lists after duplicate removal (step 4)."""
-
-    top: np.ndarray           # requests x K_max: first K_max distinct chunk codes, -1 padding
-    n_returned: np.ndarray    # distinct chunks returned per request (0 when not scored)
-    n_duplicates: np.ndarray  # repeated chunk ids removed per request (0 when not scored)
-
-    def only(self, scored: np.ndarray) -> _Lists:
-        """These lists with the requests not ``scored`` emptied: no chunk, counts 0 (in place)."""
-        self.top[~scored] = -1
-        self.n_returned[~scored] = 0
-        self.n_duplicates[~scored] = 0
-        return self
-
-
-@dataclass
-class _Prepared:
-    """The results' side of :func:`score`, which needs no test set (:func:`_prepare`): the rows read and kept
-    (``req.codes``), grouped into requests and checked (steps 1 and 2), and every request's list laid out
-    (step 4) as if it were scored."""
-
-    req: _Requests
-    lists: _Lists
-    stages: list[str] | None   # the stages kept (None: all)
-    n_expanded: int            # absorbed chunks unfolded
-
-
 def _prepare(results: pd.DataFrame | ResultCodes | str | os.PathLike, sub_chunks: str, source: str | None,
-             stages: Iterable[str] | None, k_max: int) -> _Prepared:
-    """Read ``results`` (:func:`_read`), keep ``stages``, group the rows into requests, check their structure,
-    and lay out each request's first ``k_max`` distinct chunks."""
+             stages: Iterable[str] | None, k_max: int) -> Prepared:
+    """Read ``results`` (:func:`_read`), then the results' side of scoring (:func:`~weknora_nb.core.requests.prepare`:
+    stages kept, requests grouped and checked, each request's first ``k_max`` distinct chunks laid out)."""
     rc, n_expanded, source = _read(results, sub_chunks, source)
-    rc, row_number, kept = _keep_stages(rc, stages)
-    req = _group_requests(rc, row_number)
-    _check_structure(req, source)
-    return _Prepared(req, _distinct_lists(req, np.ones(req.n, bool), k_max), kept, n_expanded)
+    return prepare(rc, source, stages, k_max, n_expanded)
 
 
 # -- the entry point ------------------------------------------------------------------------
@@ -650,18 +514,18 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
         return _score_prepared(testset, prepared, mets, labels.result(), domain_adjustment)
 
 
-def _score_prepared(testset: TestSet, prepared: _Prepared, mets: list[Metric], labels: _Relevance,
+def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], labels: _Relevance,
                     domain_adjustment: float) -> Scores:
     """Steps 3, 5 and 6 of :func:`score`: what needs the test set, given the results' side (:func:`_prepare`)."""
-    req, stages, rc = prepared.req, prepared.stages, prepared.req.codes
+    req, stages = prepared.requests, prepared.stages
     sel = _select(req, testset)
     lists = prepared.lists.only(sel.scored)
     values = _metric_values(req, sel, lists.top, testset, mets, labels)
     requests, values = _requests_table(req, sel, lists, values, testset.queries)
     names = [m.name for m in mets]
-    per_query = _per_query_table(requests, values, names, has_latency=rc.latency_ms is not None)
+    per_query = _per_query_table(requests, values, names, has_latency=req.latency is not None)
     excluded = _excluded_table(testset.queries, requests)
-    stage_order = stages if stages is not None else _stage_order(rc.stages[req.r_stage])
+    stage_order = stages if stages is not None else _stage_order(req.stages[req.r_stage])
     by_repeat = _by_repeat_table(per_query, names, stage_order)
     summary = _summary_table(by_repeat, _queries_per_stage(req, sel.scored), names, stage_order,
                              domain_adjustment)
@@ -677,7 +541,7 @@ def _k_max(mets: list[Metric]) -> int:
     return max(m.k for m in mets)
 
 
-def score_files(testset: str | os.PathLike, results: str | os.PathLike | ReadAhead,
+def score_files(testset: str | os.PathLike, results: str | os.PathLike | PrepareAhead,
                 metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
                 domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
     """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
@@ -685,15 +549,18 @@ def score_files(testset: str | os.PathLike, results: str | os.PathLike | ReadAhe
     requests and checked, and each request's distinct list laid out, in a second thread while the test set
     loads (none of it needs the test set, and it is Arrow and numpy work, which leaves the first thread free);
     the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring. ``results`` may be a
-    :class:`~weknora_nb.core.codes.ReadAhead` of the results file, started earlier (the command line starts
-    one before it imports pandas)."""
+    :class:`~weknora_nb.core.requests.PrepareAhead` of the results file begun earlier for the same ``stages``
+    and metrics (the command line begins one in a child process before it imports pandas); what it does not
+    prepare (a file for :func:`~weknora_nb.core.results.read_results`, a file it cannot read) is read here."""
     mets = _check_options(metrics, domain_adjustment, sub_chunks)
-    ahead = results if isinstance(results, ReadAhead) else ReadAhead(results, read_results)
+    stages = None if stages is None else list(stages)
+    path = results.path if isinstance(results, PrepareAhead) else Path(results)
+    if isinstance(results, PrepareAhead) and not results.serves(stages, _k_max(mets)):
+        raise ValueError(f"the PrepareAhead of {path} was begun for other stages or shorter lists")
 
-    def results_side() -> _Prepared:
-        rows = ahead.result()
-        return _prepare(rows if rows is not None else read_results(ahead.path), sub_chunks, str(ahead.path), stages,
-                        _k_max(mets))
+    def results_side() -> Prepared:
+        prepared = results.result() if isinstance(results, PrepareAhead) else None
+        return prepared if prepared is not None else _prepare(path, sub_chunks, str(path), stages, _k_max(mets))
 
     with short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
         prepared = in_background(results_side, "weknora-nb-results")   # while the test set loads
@@ -756,133 +623,18 @@ def _checked_codes(results: pd.DataFrame, source: str) -> ResultCodes:
     return rc
 
 
-def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
-                 ) -> tuple[ResultCodes, np.ndarray | None, list[str] | None]:
-    """Only the rows of ``stages`` (every row when None), the position in ``rc`` of each row
-    kept (None when all are kept), and ``stages`` as a list.
-
-    Raises UsageError naming the stages the results hold (in pipeline order) when one of
-    ``stages`` has no row.
-    """
-    if stages is None:
-        return rc, None, None
-    stages = list(stages)
-    present = np.zeros(len(rc.stages) + 1, bool)  # the last slot serves code -1
-    present[rc.stage] = True
-    held = _stage_order(rc.stages[present[:-1]])
-    absent = [s for s in stages if s not in held]
-    if absent:
-        raise UsageError(argument="stage", allowed=held or "a stage of the results (they hold none)",
-                         got=absent[0])
-    wanted = np.append(np.isin(rc.stages, stages), False)
-    keep = wanted[rc.stage]
-    if keep.all():
-        return rc, None, stages
-    row_number = np.flatnonzero(keep)
-    return rc.take(row_number), row_number, stages
-
-
-# -- 1. requests: runs of rows with the same (query, stage, repeat) --------------------------
-
-
-def _group_requests(rc: ResultCodes, row_number: np.ndarray | None) -> _Requests:
-    """Step 1: the rows as requests, runs of equal (query, stage, repeat).
-
-    The rows keep their order when every request's rows lie together in rank order (the
-    collector's files); otherwise they are sorted by request key, then rank (stable, so
-    errors still name the first offending row).
-    """
-    q, s, rep, rank, c = rc.query, rc.stage, rc.repeat, rc.rank, rc.chunk
-    st, statuses = _empty_status_is_ok(rc.status, rc.statuses)
-    starts, brk, ordered = _runs(q, s, rep, rank)
-    repeats, r_repeat = np.unique(rep[starts], return_inverse=True)
-    n_s, n_rep = max(len(rc.stages), 1), max(len(repeats), 1)
-    key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
-    order = None
-    if not ordered or (np.any(key[1:] <= key[:-1]) and len(np.unique(key)) != len(key)):
-        # rows of a request are not together, or not in rank order: sort (row order kept for errors)
-        order = _request_order(key, np.diff(np.r_[starts, len(rc)]), rank)
-        q, s, rep, rank, c, st = q[order], s[order], rep[order], rank[order], c[order], st[order]
-        starts, brk, ordered = _runs(q, s, rep, rank)
-        r_repeat = np.searchsorted(repeats, rep[starts])
-        key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
-    return _Requests(codes=rc, query=q, stage=s, rank=rank, chunk=c, status=st, has_chunk=c >= 0, brk=brk,
-                     ordered=ordered, statuses=statuses, order=order, row_number=row_number, starts=starts,
-                     lengths=np.diff(np.r_[starts, len(rc)]), r_query=q[starts], r_stage=s[starts],
-                     repeats=repeats, r_repeat=r_repeat, key=key)
-
-
-def _empty_status_is_ok(status: np.ndarray, statuses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Status codes and names where an empty status (code -1) reads as ``ok``."""
-    if not len(status) or extremes(status)[0] >= 0:
-        return status, statuses
-    if "ok" not in statuses:
-        statuses = np.append(statuses, "ok")
-    return np.where(status < 0, int(np.flatnonzero(statuses == "ok")[0]), status), statuses
-
-
-def _runs(q: np.ndarray, s: np.ndarray, rep: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Where each run of equal (query, stage, repeat) starts, the break mask (``brk[j]``: row
-    j + 1 starts a run), and whether ranks strictly increase within every run."""
-    if not len(q):
-        return np.zeros(0, np.int64), np.zeros(0, bool), True
-    brk = q[1:] != q[:-1]
-    for a in (s, rep):  # a constant column cannot break a run
-        if extremes(a)[0] != extremes(a)[1]:
-            brk |= a[1:] != a[:-1]
-    starts = np.r_[0, np.flatnonzero(brk) + 1]
-    ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
-    return starts, brk, ordered
-
-
-def _request_order(key: np.ndarray, lengths: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """The stable permutation sorting rows by (request key, rank), given the key and length
-    of each run of rows: one int64 argsort when key x (max rank + 1) fits, else a lexsort."""
-    row_key = np.repeat(key, lengths)
-    top_rank = int(rank.max(initial=0)) + 1
-    if int(key.max(initial=0)) < (1 << 62) // top_rank:
-        return np.argsort(row_key * top_rank + rank, kind="stable")
-    return np.lexsort((rank, row_key))
-
-
-# -- 2. structure --------------------------------------------------------------------------
-
-
-def _check_structure(req: _Requests, source: str) -> None:
-    """Step 2: ResultsError (up to 20 of each, by row) for a request whose rows carry
-    different statuses, or a rank given twice for returned chunks of one request."""
-    problems: list[Problem] = []
-    st, brk, n_rows = req.status, req.brk, len(req.query)
-    queries, stages = req.codes.queries, req.codes.stages
-    if n_rows > 1 and extremes(st)[0] != extremes(st)[1]:
-        mixed = np.flatnonzero((st[1:] != st[:-1]) > brk) + 1
-        for r in np.unique(np.searchsorted(req.starts, mixed, side="right") - 1)[:20]:
-            problems.append(Problem(source, req.row_of(req.starts[r]), "status",
-                                    f"request ({queries[req.r_query[r]]!r}, {stages[req.r_stage[r]]!r}, "
-                                    f"repeat {req.repeats[req.r_repeat[r]]}) has rows with different statuses",
-                                    "row"))
-    if n_rows > 1 and not req.ordered:  # ranks within a request are not all increasing: a rank given twice?
-        rank, has = req.rank, req.has_chunk
-        for j in (np.flatnonzero((rank[1:] == rank[:-1]) & ~brk & has[1:] & has[:-1]) + 1)[:20]:
-            problems.append(Problem(source, req.row_of(j), "rank",
-                                    f"rank {rank[j]} appears twice in request ({queries[req.query[j]]!r}, "
-                                    f"{stages[req.stage[j]]!r})", "row"))
-    if problems:
-        raise ResultsError(source, problems)
-
-
 # -- 3. what is scored ---------------------------------------------------------------------
 
 
-def _select(req: _Requests, testset: TestSet) -> _Selection:
+def _select(req: Requests, testset: TestSet) -> _Selection:
     """Step 3: a request is scored when its status is ``ok`` and its query is a valid query
     of the test set; the reason of every other request (unknown query id, invalid query,
     ``failed: <kind>``)."""
     ts_q = testset.queries
-    q_in_ts = np.append(_index_in(req.codes.queries, ts_q["query_id"]), -1)  # the last slot serves code -1
+    q_in_ts = np.append(_index_in(req.queries, ts_q["query_id"]), -1)  # the last slot serves code -1
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
     r_ts = q_in_ts[req.r_query]
-    r_st = req.status[req.starts]
+    r_st = req.status
     status = req.statuses[r_st] if req.n else np.zeros(0, object)
     ok_label = np.flatnonzero(req.statuses == "ok")
     ok = r_st == ok_label[0] if len(ok_label) else np.zeros(req.n, bool)
@@ -898,67 +650,10 @@ def _select(req: _Requests, testset: TestSet) -> _Selection:
     return _Selection(ts_query=r_ts, status=status, known=known, scored=ok & known & valid, reason=reason)
 
 
-# -- 4. each scored request as a row of a grid; duplicates out; the first K_max kept ----------
-
-
-def _distinct_lists(req: _Requests, scored: np.ndarray, k_max: int) -> _Lists:
-    """Step 4: each scored request's first ``k_max`` distinct chunk codes (first position
-    kept, ranks closed up) and its counts of distinct and repeated chunk ids (over the
-    whole list). Requests not scored get an empty row and zero counts."""
-    lengths = req.lengths
-    if req.n and lengths.min() == lengths.max() and req.has_chunk.all():
-        # the usual case: every request returned the same number of chunks, so the rows are the grid;
-        # requests not scored are blanked out below
-        kept_len = np.where(scored, lengths, 0)
-        grid = req.chunk.reshape(req.n, int(lengths[0]))
-        n_dups = np.zeros(req.n, np.int64)
-        below: int | None = len(req.codes.chunks)   # every cell a chunk code: 0 .. len(chunks) - 1
-    else:
-        grid, kept_len, n_dups = _ragged_grid(req, scored, k_max)
-        below = None
-    top, n_dup = _first_k_distinct(grid, k_max, below)
-    n_dups += n_dup
-    top[~scored] = -1
-    n_dups[~scored] = 0
-    return _Lists(top=top, n_returned=kept_len - n_dups, n_duplicates=n_dups)
-
-
-def _ragged_grid(req: _Requests, scored: np.ndarray, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The returned chunks of the scored requests as rows of a grid, when lists differ in
-    length: (grid, chunks returned per request, repeats already removed per request).
-
-    Cells past a list's end hold distinct negative values (never taken for a repeat). When
-    requests x longest list exceeds 4 cells per returned chunk + GRID_SLACK (a few very long
-    lists among short ones), repeats are removed by hashing first and the grid is only
-    ``k_max`` wide.
-    """
-    n_req = req.n
-    rows = np.flatnonzero(np.repeat(scored, req.lengths) & req.has_chunk)
-    rq = np.repeat(np.arange(n_req), req.lengths)[rows]
-    chunk = req.chunk[rows]
-    kept_len = np.bincount(rq, minlength=n_req)
-    width = int(kept_len.max(initial=0))
-    n_dups = np.zeros(n_req, np.int64)
-    if n_req * width > 4 * len(rows) + GRID_SLACK:
-        # a few very long lists among short ones: remove repeats by hashing, keep each request's first K_max
-        cell = rq.astype(np.int64) * max(len(req.codes.chunks), 1) + chunk
-        dup = pd.Series(cell).duplicated(keep="first").to_numpy()
-        n_dups = np.bincount(rq[dup], minlength=n_req)
-        rq, chunk = rq[~dup], chunk[~dup]
-        width = k_max
-    n_k = np.bincount(rq, minlength=n_req)
-    col = np.arange(len(rq)) - np.repeat(np.cumsum(n_k) - n_k, n_k)
-    near = col < width
-    pad = -1 - np.arange(width, dtype=np.int64)  # distinct padding: never taken for a repeat
-    grid = np.broadcast_to(pad, (n_req, width)).astype(np.promote_types(req.chunk.dtype, np.int32))
-    grid[rq[near], col[near]] = chunk[near]
-    return grid, kept_len, n_dups
-
-
 # -- 5. grades and metrics -----------------------------------------------------------------
 
 
-def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: TestSet,
+def _metric_values(req: Requests, sel: _Selection, top: np.ndarray, testset: TestSet,
                    mets: list[Metric], lab: _Relevance | None = None) -> dict[str, np.ndarray]:
     """Step 5: each metric's value for every scored request (in request order); ``lab``: the test
     set's :class:`_Relevance` (computed here when not given).
@@ -967,7 +662,7 @@ def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: Te
     go on to the kernels, each with its 1-based position among its request's distinct chunks.
     """
     lab = lab if lab is not None else _Relevance.of(testset)
-    c_in_lab = np.append(_index_in(req.codes.chunks, lab.chunks), -1)  # the last slot serves -1
+    c_in_lab = np.append(_index_in(req.chunks, lab.chunks), -1)  # the last slot serves -1
     top_lab = c_in_lab[top]
     key = sel.ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
     key[top_lab < 0] = -1  # never a label key
@@ -986,7 +681,7 @@ def _metric_values(req: _Requests, sel: _Selection, top: np.ndarray, testset: Te
     return {m.name: compute(rl, m) for m in mets}
 
 
-def _labelled_cells(req: _Requests, sel: _Selection, top: np.ndarray, testset: TestSet
+def _labelled_cells(req: Requests, sel: _Selection, top: np.ndarray, testset: TestSet
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The cells of ``top`` whose chunk carries a label for its query, grade 0 included, as
     (request, 1-based position), row-major: what label coverage (``judged@K``) counts."""
@@ -996,7 +691,7 @@ def _labelled_cells(req: _Requests, sel: _Selection, top: np.ndarray, testset: T
     chunks = enc.dictionary.to_numpy(zero_copy_only=False)
     width = max(len(chunks), 1)
     labelled = np.unique(q * width + enc.indices.to_numpy().astype(np.int64))
-    top_lab = np.append(_index_in(req.codes.chunks, chunks), -1)[top]
+    top_lab = np.append(_index_in(req.chunks, chunks), -1)[top]
     key = sel.ts_query[:, None].astype(np.int64) * width + top_lab
     key[top_lab < 0] = -1  # never a label key
     found = _lookup(key.ravel(), labelled, np.ones(len(labelled), np.int8)).reshape(top.shape)
@@ -1007,7 +702,7 @@ def _labelled_cells(req: _Requests, sel: _Selection, top: np.ndarray, testset: T
 # -- 6. tables, counts, warnings ------------------------------------------------------------
 
 
-def _requests_table(req: _Requests, sel: _Selection, lists: _Lists, values: dict[str, np.ndarray],
+def _requests_table(req: Requests, sel: _Selection, lists: Lists, values: dict[str, np.ndarray],
                     ts_q: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """The requests table: every request in (query, stage, repeat) code order whatever the
     order of the file, then the missing ones; and ``values`` put in the same order."""
@@ -1018,15 +713,15 @@ def _requests_table(req: _Requests, sel: _Selection, lists: _Lists, values: dict
     else:
         by_key = slice(None)
     requests = pd.DataFrame({
-        "query_id": req.codes.queries[req.r_query],
-        "stage": req.codes.stages[req.r_stage],
+        "query_id": req.queries[req.r_query],
+        "stage": req.stages[req.r_stage],
         "repeat": req.repeats[req.r_repeat],
         "status": sel.status,
         "scored": sel.scored,
         "reason": sel.reason,
         "n_returned": lists.n_returned,
         "n_duplicates": lists.n_duplicates,
-        "latency_ms": req.latency(),
+        "latency_ms": req.latency if req.latency is not None else np.full(req.n, np.nan),
     }).iloc[by_key].reset_index(drop=True)
     missing = _missing_requests(req, sel, ts_q)
     if missing is not None:
@@ -1035,7 +730,7 @@ def _requests_table(req: _Requests, sel: _Selection, lists: _Lists, values: dict
     return requests, values
 
 
-def _missing_requests(req: _Requests, sel: _Selection, ts_q: pd.DataFrame) -> pd.DataFrame | None:
+def _missing_requests(req: Requests, sel: _Selection, ts_q: pd.DataFrame) -> pd.DataFrame | None:
     """Requests rows (status ``missing``) for the valid queries absent from a (stage, repeat)
     that the run has, in the order the combinations first appear; None when there are none."""
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
@@ -1051,7 +746,7 @@ def _missing_requests(req: _Requests, sel: _Selection, ts_q: pd.DataFrame) -> pd
         return None
     m_combo = at[m_combo]
     return pd.DataFrame({
-        "query_id": ts_q["query_id"].to_numpy()[m_q], "stage": req.codes.stages[combos[m_combo] // req.n_rep],
+        "query_id": ts_q["query_id"].to_numpy()[m_q], "stage": req.stages[combos[m_combo] // req.n_rep],
         "repeat": req.repeats[combos[m_combo] % req.n_rep], "status": "missing", "scored": False,
         "reason": "missing: not collected", "n_returned": 0, "n_duplicates": 0, "latency_ms": np.nan})
 
@@ -1092,20 +787,20 @@ def _by_repeat_table(per_query: pd.DataFrame, names: list[str], stage_order: lis
     return by_repeat.sort_values(["_o", "repeat"]).drop(columns="_o").reset_index(drop=True)
 
 
-def _queries_per_stage(req: _Requests, scored: np.ndarray) -> dict[str, int]:
+def _queries_per_stage(req: Requests, scored: np.ndarray) -> dict[str, int]:
     """Distinct queries with a scored request, per stage name."""
     sc = np.flatnonzero(scored)
-    n_q = max(len(req.codes.queries), 1)
+    n_q = max(len(req.queries), 1)
     key = req.r_stage[sc].astype(np.int64) * n_q + req.r_query[sc]
-    if len(req.codes.stages) * n_q <= 1 << 26:   # a mark per (stage, query): no sort
-        seen = np.zeros(max(len(req.codes.stages), 1) * n_q, bool)
+    if len(req.stages) * n_q <= 1 << 26:   # a mark per (stage, query): no sort
+        seen = np.zeros(max(len(req.stages), 1) * n_q, bool)
         seen[key] = True
         n = seen.reshape(-1, n_q).sum(axis=1)
         stage = np.flatnonzero(n)
         n = n[stage]
     else:
         stage, n = np.unique(np.unique(key) // n_q, return_counts=True)
-    return {req.codes.stages[k]: int(v) for k, v in zip(stage, n, strict=True)}
+    return {req.stages[k]: int(v) for k, v in zip(stage, n, strict=True)}
 
 
 def _summary_table(by_repeat: pd.DataFrame, n_queries: dict[str, int], names: list[str], stage_order: list[str],
@@ -1132,7 +827,7 @@ def _summary_table(by_repeat: pd.DataFrame, n_queries: dict[str, int], names: li
                                        "tier"])
 
 
-def _counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: _Selection, lists: _Lists, n_expanded: int,
+def _counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: _Selection, lists: Lists, n_expanded: int,
             stage_order: list[str], repeats: np.ndarray) -> Counts:
     """The :class:`Counts` of the test set and of the requests table."""
     status_counts = requests["status"].value_counts()

@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -649,7 +650,7 @@ def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
         cols = _bulk_columns(objs)
         if cols is None or _key_twice(data, sum(map(len, objs)) + len(cols["chunk_id"])):
             return False   # a record to check alone, or a key written twice (orjson keeps the last silently)
-        if any(set(map(type, _field(objs, name))) & {list, dict} for name in set().union(*objs) - KNOWN_FIELDS):
+        if any(set(map(type, _field(objs, name))) & {list, dict} for name in cols["fields"] - KNOWN_FIELDS):
             return False   # an ignored field holding a list: Python's parser may find it nested too deeply
         del objs   # freed before the collector resumes
     numbers = np.arange(first + 1, first + 1 + len(block), dtype=np.int64)
@@ -1259,9 +1260,15 @@ def _grade(value: Any) -> int | None:
 
 
 # -- many records at once ---------------------------------------------------------------
-def _field(objs: list[dict], name: str) -> list[Any]:
-    """``obj.get(name)`` of each record."""
-    return list(map(dict.get, objs, repeat(name)))
+def _field(objs: list[dict], name: str, present: set[str] | None = None) -> list[Any]:
+    """``obj.get(name)`` of each record; ``present``: every key any record holds (a field none holds is all
+    None at once, and one every record holds is read without a default)."""
+    if present is not None and name not in present:
+        return [None] * len(objs)
+    try:
+        return list(map(itemgetter(name), objs))
+    except KeyError:   # a record without it
+        return list(map(dict.get, objs, repeat(name)))
 
 
 def _bulk_text(values: list[Any], *, optional: bool) -> list[Any] | None:
@@ -1338,9 +1345,13 @@ def _bulk_columns(objs: list[Any]) -> dict[str, Any] | None:
     nothing here reports a problem, so this path only ever accepts what the record-by-record one accepts."""
     if not objs or set(map(type, objs)) != {dict}:   # a _Repeated (a key written twice), or not an object
         return None
-    if not KNOWN_FIELDS.issuperset(set().union(*objs)) and log.isEnabledFor(logging.DEBUG):
+    present: set[str] = set().union(*objs)
+    if not KNOWN_FIELDS.issuperset(present) and log.isEnabledFor(logging.DEBUG):
         return None   # each record logs the fields it ignores
-    return _bulk_fields(lambda name: _field(objs, name), len(objs))
+    cols = _bulk_fields(lambda name: _field(objs, name, present), len(objs))
+    if cols is not None:
+        cols["fields"] = present
+    return cols
 
 
 def _bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | None:
