@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -511,16 +511,17 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     with ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-labels") as pool:
         labels = pool.submit(_Relevance.of, testset)   # the test set's side, beside the results' (Arrow, numpy)
         prepared = _prepare(results, sub_chunks, source, stages, _k_max(mets))
-        return _score_prepared(testset, prepared, mets, labels.result(), domain_adjustment)
+        return _score_prepared(testset, prepared, mets, labels, domain_adjustment)
 
 
-def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], labels: _Relevance,
+def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], labels: Future[_Relevance],
                     domain_adjustment: float) -> Scores:
-    """Steps 3, 5 and 6 of :func:`score`: what needs the test set, given the results' side (:func:`_prepare`)."""
+    """Steps 3, 5 and 6 of :func:`score`: what needs the test set, given the results' side (:func:`_prepare`) and
+    the labels being prepared (step 3 runs beside them)."""
     req, stages = prepared.requests, prepared.stages
     sel = _select(req, testset)
     lists = prepared.lists.only(sel.scored)
-    values = _metric_values(req, sel, lists.top, testset, mets, labels)
+    values = _metric_values(req, sel, lists.top, testset, mets, labels.result())   # ready by now, or soon
     requests, values = _requests_table(req, sel, lists, values, testset.queries)
     names = [m.name for m in mets]
     per_query = _per_query_table(requests, values, names, has_latency=req.latency is not None)
@@ -567,7 +568,7 @@ def score_files(testset: str | os.PathLike, results: str | os.PathLike | Prepare
         ts = load_testset(Path(testset))
         digest = pool.submit(lambda: ts.hash)
         labels = pool.submit(_Relevance.of, ts)
-        sc = _score_prepared(ts, prepared.result(), mets, labels.result(), domain_adjustment)
+        sc = _score_prepared(ts, prepared.result(), mets, labels, domain_adjustment)
         digest.result()
     return sc
 
