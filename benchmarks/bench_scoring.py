@@ -94,22 +94,17 @@ def make_data(n_q: int, n_rank: int, seed: int, folder: Path):
     return TestSet.from_records(records), path, qids, chunk_names, run_c, rel
 
 
-def timed(fn, repeat: int = 1):
-    """Best wall time of ``repeat`` calls of fn() (timeit's convention: the minimum is the run least
-    disturbed by the machine), all the times, and the last result; the garbage collector is off
-    during each call, as ``timeit`` does, for every tool."""
-    times, out = [], None
-    for _ in range(repeat):
-        out = None  # the previous result is freed before the next call
-        gc.collect()
-        gc.disable()
-        try:
-            t = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t)
-        finally:
-            gc.enable()
-    return min(times), times, out
+def timed(fn):
+    """Wall time of one call of fn() and its result; the garbage collector is off during the call, as
+    ``timeit`` does, for every tool (the rounds of :func:`main` repeat it)."""
+    gc.collect()
+    gc.disable()
+    try:
+        t = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t, out
+    finally:
+        gc.enable()
 
 
 def _times(times: list[float]) -> str:
@@ -251,7 +246,7 @@ def main() -> None:
         if not args.no_ranx:
             from ranx import Qrels, Run, evaluate
             evaluate(Qrels(small), Run({q: run[q] for q in small}), list(RANX.values()), return_mean=False)
-            t_ranx, _, rx = timed(lambda: evaluate(Qrels(qrels), Run(run), list(RANX.values()), return_mean=False,
+            t_ranx, rx = timed(lambda: evaluate(Qrels(qrels), Run(run), list(RANX.values()), return_mean=False,
                                                 make_comparable=True))
             ranx_q = sorted(valid)  # ranx orders queries by id
             worst_ranx = max(float(np.max(np.abs(pq_.loc[ranx_q, ours].to_numpy() - rx[m])))

@@ -650,7 +650,7 @@ def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
         cols = _bulk_columns(objs)
         if cols is None or _key_twice(data, sum(map(len, objs)) + len(cols["chunk_id"])):
             return False   # a record to check alone, or a key written twice (orjson keeps the last silently)
-        if any(set(map(type, _field(objs, name))) & {list, dict} for name in cols["fields"] - KNOWN_FIELDS):
+        if any(set(map(type, _field(objs, name))) & {list, dict} for name in set().union(*objs) - KNOWN_FIELDS):
             return False   # an ignored field holding a list: Python's parser may find it nested too deeply
         del objs   # freed before the collector resumes
     numbers = np.arange(first + 1, first + 1 + len(block), dtype=np.int64)
@@ -1348,10 +1348,7 @@ def _bulk_columns(objs: list[Any]) -> dict[str, Any] | None:
     present: set[str] = set().union(*objs)
     if not KNOWN_FIELDS.issuperset(present) and log.isEnabledFor(logging.DEBUG):
         return None   # each record logs the fields it ignores
-    cols = _bulk_fields(lambda name: _field(objs, name, present), len(objs))
-    if cols is not None:
-        cols["fields"] = present
-    return cols
+    return _bulk_fields(lambda name: _field(objs, name, present), len(objs))
 
 
 def _bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | None:
