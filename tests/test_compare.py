@@ -18,6 +18,7 @@ from weknora_nb.analysis.stratify import classify, load_rules, stratify
 from weknora_nb.collect import collect
 from weknora_nb.collect.client import ClientSettings
 from weknora_nb.core.errors import ConfigError, NotComparableError
+from weknora_nb.core.metrics import DEFAULT_METRICS
 from weknora_nb.core.run import load_run
 from weknora_nb.core.testset import TestSet
 from weknora_nb.sandbox import SandboxServer, demo_dir
@@ -264,3 +265,22 @@ def test_sandbox_single_parameter_version_is_flagged_single_variable(sandbox_run
     assert cmp.single_variable == {"hnsw-m4": True}
     keys = set(cmp.config_diff.loc[cmp.config_diff["counts"], "key"])
     assert "system.hnsw.m" in keys
+
+
+def test_history_scores_runs_as_a_report_loads_them_so_a_rendering_finds_them_in_its_cache(runs, monkeypatch):
+    import weknora_nb.core.run as core_run
+
+    tmp, *_ = runs
+    asked = []
+
+    def from_cache(path, *, metrics=None, domain_adjustment=0.0):
+        asked.append(metrics)
+        return load_run(path, metrics=metrics, domain_adjustment=domain_adjustment, cache=False)
+
+    monkeypatch.setattr(core_run, "run_cache", from_cache)
+    h = history(tmp, metrics=["ndcg@5", "hit@5"])
+    assert asked == [None] * 4   # the default metrics: the key every notebook's open_run uses
+    assert list(h.columns[-2:]) == ["ndcg@5", "hit@5"] and "recall@3" not in h.columns
+    asked.clear()
+    h = history(tmp, metrics=["ndcg@5:linear"])   # a metric the defaults lack: scored beside them
+    assert asked == [[*DEFAULT_METRICS, "ndcg@5:linear"]] * 4 and "ndcg@5:linear" in h.columns

@@ -31,7 +31,7 @@ from weknora_nb.analysis.evidence import effect_columns
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
 from weknora_nb.core.errors import NotComparableError, UsageError, WeknoraNbError
 from weknora_nb.core.lineage import rescore_plan
-from weknora_nb.core.metrics import parse_metrics
+from weknora_nb.core.metrics import DEFAULT_METRICS, parse_metrics
 from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, role_of, significance_warning
 from weknora_nb.core.run import Run, flatten, iter_runs, load_run
 from weknora_nb.core.testset import load_testset
@@ -341,11 +341,16 @@ def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha:
 
 def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("recall@5", "ndcg@5", "hit@5"),
             stage: str | None = FOCUS_STAGE) -> pd.DataFrame:
-    """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage)."""
+    """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage).
+
+    The runs are scored with the default metrics when those hold the tracked ones (else with both): a
+    report's other notebooks load its runs so, and a rendering then finds each run in its cache."""
+    tracked = [m.name for m in parse_metrics(metrics)]
+    scored = None if set(tracked) <= set(DEFAULT_METRICS) else list(dict.fromkeys([*DEFAULT_METRICS, *tracked]))
     rows: list[dict[str, Any]] = []
     for p in iter_runs(root):
         try:
-            run = load_run(p, metrics=metrics)
+            run = load_run(p, metrics=scored)
         except (WeknoraNbError, OSError) as exc:
             rows.append({"run": p.name, "problem": str(exc)})
             continue
@@ -355,7 +360,7 @@ def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("rec
                 continue
             rows.append({"run": run.name, "started_at": run.manifest.get("started_at"),
                          "testset": run.testset.hash[7:19], "stage": st, "complete": run.scores.complete,
-                         **{m: wide.loc[st, m] for m in wide.columns}})
+                         **{m: wide.loc[st, m] for m in tracked}})
     return pd.DataFrame(rows)
 
 
