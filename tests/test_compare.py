@@ -269,6 +269,8 @@ def test_sandbox_single_parameter_version_is_flagged_single_variable(sandbox_run
 
 def test_history_scores_runs_as_a_report_loads_them_so_a_rendering_finds_them_in_its_cache(runs, monkeypatch):
     import weknora_nb.core.run as core_run
+    from weknora_nb.core.run import iter_runs
+    from weknora_nb.reports.notebook import _run_key
 
     tmp, *_ = runs
     asked = []
@@ -279,7 +281,9 @@ def test_history_scores_runs_as_a_report_loads_them_so_a_rendering_finds_them_in
 
     monkeypatch.setattr(core_run, "run_cache", from_cache)
     h = history(tmp, metrics=["ndcg@5", "hit@5"])
-    assert asked == [None] * 4   # the default metrics: the key every notebook's open_run uses
+    assert asked == [list(DEFAULT_METRICS)] * 4   # the default metrics: the cache slot of every open_run
+    keys = [(_run_key(p, list(DEFAULT_METRICS), 0.0), _run_key(p, None, 0.0)) for p in iter_runs(tmp)]
+    assert len(keys) == 4 and all(a is not None and a == b for a, b in keys)
     assert list(h.columns[-2:]) == ["ndcg@5", "hit@5"] and "recall@3" not in h.columns
     asked.clear()
     h = history(tmp, metrics=["ndcg@5:linear"])   # a metric the defaults lack: scored beside them

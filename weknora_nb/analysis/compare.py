@@ -343,10 +343,11 @@ def history(root: str | Path = "outputs/runs", *, metrics: Iterable[str] = ("rec
             stage: str | None = FOCUS_STAGE) -> pd.DataFrame:
     """Every run under ``root`` over time with the tracked metrics of ``stage`` (or every stage).
 
-    The runs are scored with the default metrics when those hold the tracked ones (else with both): a
-    report's other notebooks load its runs so, and a rendering then finds each run in its cache."""
+    The runs are scored with the default metrics plus the tracked ones: when the defaults hold the tracked
+    ones, that is the default list, which a report's other notebooks load its runs with, so a rendering
+    finds each run in its cache (its key reads the default list and None as one)."""
     tracked = [m.name for m in parse_metrics(metrics)]
-    scored = None if set(tracked) <= set(DEFAULT_METRICS) else list(dict.fromkeys([*DEFAULT_METRICS, *tracked]))
+    scored = list(dict.fromkeys([*DEFAULT_METRICS, *tracked]))
     rows: list[dict[str, Any]] = []
     for p in iter_runs(root):
         try:
