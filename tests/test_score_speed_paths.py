@@ -34,6 +34,7 @@ from weknora_nb.core import codes as codes_module
 from weknora_nb.core import requests as requests_module
 from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
+from weknora_nb.core.forked import Forked
 from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
 from weknora_nb.core.scoring import score_files
@@ -185,7 +186,7 @@ def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readin
     thread."""
     by_path = score_files(*files, ["ndcg@5", "hit@1"])
     with PrepareAhead(files[1], None, 5) as ahead:
-        assert ahead._pid is None
+        assert not ahead.forked
         assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
     # a file for read_results: None (score_files then reads it)
     csv = tmp_path / "r.csv"
@@ -205,17 +206,20 @@ def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readin
         score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
 
 
-#: a fresh process, one thread: PrepareAhead forks a child; prints what score_files gives with it, whether a
-#: child was forked, and whether any child is left once the scoring is done
+#: a fresh process, one thread: PrepareAhead forks a child, and score_files another for the test set's second
+#: half; prints what score_files gives with them, whether a child was forked, and whether any child is left once
+#: the scoring is done
 FORKED = """
 import json, os, sys
+import weknora_nb.core.testset as T
 from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.scoring import score_files
 testset, results, stages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+T.SPLIT_BYTES = 64   # the test set's second half parsed in a child process too
 try:
     with PrepareAhead(results, stages, 10, fork=True) as ahead:
-        forked = ahead._pid is not None
-        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
+        forked = ahead.forked
+        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages, fork=True).to_json_dict()
 except Exception as exc:
     out = f"{type(exc).__name__}: {exc}"
     forked = True
@@ -269,6 +273,53 @@ def test_a_child_still_at_work_is_killed_when_the_caller_stops(tmp_path):
             "print(json.dumps([early.exitcode, late.exitcode, n]))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and json.loads(proc.stdout) == [-signal.SIGKILL, 0, n // 50], proc.stderr
+
+
+#: ``weknora-nb score`` (cli.run, so that it forks) whose results child takes 5 s more than it would
+SLOW_CHILD = """
+import sys, time
+import weknora_nb.core.requests as R
+from weknora_nb.cli import run
+prepare_file = R.prepare_file
+R.prepare_file = lambda *args: time.sleep(5) or prepare_file(*args)
+sys.argv = ["weknora-nb", "score", *sys.argv[1:]]
+raise SystemExit(run())
+"""
+
+
+def test_a_bad_test_set_is_named_while_the_results_child_is_still_at_work(tmp_path, files):
+    """``weknora-nb score`` with a test set it refuses while its child is still reading the results: the one-line
+    error and exit 2, at once. (Two threads used to wait for that child, the one scoring and the one closing it
+    on the error, and the loser's "No child processes" replaced the error with a traceback.)"""
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"query_id": "q1", "query": "", "relevant": {"c1": 1}}\n', encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", SLOW_CHILD, str(bad), str(files[1]), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[1:] == [f"  - {bad}, line 1, field 'query': must not be empty"]
+
+
+#: a fresh process of one thread: a child at work (a sleep) waited for in one thread while another closes it
+FORKED_CLOSED = """
+import json, threading, time
+from weknora_nb.core.forked import Forked
+child = Forked(lambda: time.sleep(60), "a sleep")
+got = []
+waiter = threading.Thread(target=lambda: got.append(child.result()))
+waiter.start()
+time.sleep(0.3)
+child.close()
+waiter.join(10)
+print(json.dumps([got, child.exitcode, waiter.is_alive()]))
+"""
+
+
+def test_a_child_closed_while_another_thread_waits_for_it_is_killed_and_reaped_once():
+    """close() in one thread while result() waits in another: the child is killed at once, reaped once, and the
+    waiting thread gets None (no result), without an error in either."""
+    proc = subprocess.run([sys.executable, "-c", FORKED_CLOSED], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert json.loads(proc.stdout) == [[None], -signal.SIGKILL, False]
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -512,3 +563,19 @@ def test_hash_of_a_hand_built_frame_with_object_tags():
     ts = TestSet.from_records(pinned_records()[:50])
     queries = ts.queries.assign(tags=pd.Series([list(t) for t in ts.queries["tags"]], dtype=object))
     assert queries["tags"].dtype == object and testset_module._content_hash(queries, ts.qrels) == ts.hash
+
+
+def test_no_child_to_be_had_leaves_the_work_to_the_caller(monkeypatch, files):
+    """A fork that fails (a process limit, no memory) gives nothing back, and the caller does the work: the same
+    figures, no error."""
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr("os.fork", no_fork)
+    monkeypatch.setattr(Forked, "possible", staticmethod(lambda: True))
+    child = Forked(lambda: 1, "the test")
+    assert child.result() is None and child.exitcode is None
+    with PrepareAhead(files[1], None, 5, fork=True) as ahead:
+        assert ahead.forked and ahead.result() is None
+        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == \
+            score_files(*files, ["ndcg@5", "hit@1"]).to_json_dict()

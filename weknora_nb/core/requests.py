@@ -22,25 +22,19 @@ each bulk call of the test set's parsing), else in a thread.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import pickle
-import signal
-import sys
-import tempfile
-import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import pyarrow as pa
 
 from weknora_nb.core.codes import ResultCodes, extremes, in_background, parquet_codes
 from weknora_nb.core.errors import Problem, ResultsError, UsageError
+from weknora_nb.core.forked import Forked
 from weknora_nb.core.pipeline import stage_order as _stage_order
 
 __all__ = ["Requests", "Lists", "Prepared", "prepare", "PrepareAhead", "GRID_SLACK", "SORT_16BIT"]
@@ -417,32 +411,36 @@ class PrepareAhead:
     """:func:`prepare_file` of ``path`` begun now, beside the caller's own work; :meth:`result` waits for it.
 
     With ``fork`` (for a process that is the program's own, such as the command line's) and where the
-    process can be forked safely (Linux, no thread of its own started yet), it runs in a child process, which
-    writes the :class:`Prepared` (pickled: about 14 MB for 10 million rows of 100,000 requests) into a
-    temporary file with no name (nothing is left behind, whatever ends either process) and ends: a thread
-    waits for the interpreter lock whenever the caller parses a test set (each bulk call holds it
-    throughout), and there the reading of 10 million rows took 0.55-0.95 s instead of 0.27 s; the parent
-    reads the file in one call, where a pipe would take some 200 reads, each waiting for the lock. Otherwise
-    it runs in a daemon thread. Use it as a context manager (or call :meth:`close`): a child still at work
-    when the caller stops is killed.
+    process can be forked safely (:meth:`Forked.possible <weknora_nb.core.forked.Forked.possible>`), it runs
+    in a child process (:class:`~weknora_nb.core.forked.Forked`), which hands back the :class:`Prepared`
+    pickled (about 14 MB for 10 million rows of 100,000 requests): a thread waits for the interpreter lock
+    whenever the caller parses a test set (each bulk call holds it throughout), and there the reading of 10
+    million rows took 0.55-0.95 s instead of 0.27 s. Otherwise it runs in a daemon thread. Use it as a
+    context manager (or call :meth:`close`): a child still at work when the caller stops is killed.
     """
 
     def __init__(self, path: str | os.PathLike, stages: Iterable[str] | None, k_max: int, *, fork: bool = False):
         self.path = Path(path)
         self._stages = None if stages is None else list(stages)
         self._k_max = k_max
-        self._pid: int | None = None
-        self._file: IO[bytes] | None = None
+        self._forked: Forked | None = None
         self._future: Future[Prepared | None] | None = None
-        #: how the child ended, once reaped: its exit status, or minus the signal that ended it
-        self.exitcode: int | None = None
-        if fork and sys.platform == "linux" and threading.active_count() == 1:
-            self._file = tempfile.TemporaryFile()   # noqa: SIM115 - closed by close(), after the child wrote it
-            self._pid = os.fork()
-            if self._pid == 0:   # the child: it never returns
-                _child(self._file.fileno(), self.path, self._stages, k_max)
+        if fork and Forked.possible():
+            self._forked = Forked(lambda: _prepare_alone(self.path, self._stages, k_max), f"the results of {path}")
         else:
             self._future = in_background(lambda: prepare_file(self.path, self._stages, k_max), "weknora-nb-prepare")
+
+    @property
+    def forked(self) -> bool:
+        """Whether it was handed to a child process (else it runs in a thread; a fork that failed leaves it to
+        the caller: :meth:`result` gives None)."""
+        return self._forked is not None
+
+    @property
+    def exitcode(self) -> int | None:
+        """How the child ended, once reaped (:attr:`Forked.exitcode <weknora_nb.core.forked.Forked.exitcode>`;
+        None without a child)."""
+        return None if self._forked is None else self._forked.exitcode
 
     def serves(self, stages: list[str] | None, k_max: int) -> bool:
         """Whether what this prepares serves a scoring of ``stages`` whose metrics read ``k_max`` ranks."""
@@ -455,33 +453,14 @@ class PrepareAhead:
         raised here."""
         if self._future is not None:
             return self._future.result()
-        self._reap()
-        if self.exitcode != 0 or self._file is None:
-            log.debug("the results of %s were not prepared in a child process (exit %s): read here", self.path,
-                      self.exitcode)
-            self.close()
-            return None
-        self._file.seek(0)
-        data = self._file.read()
-        self.close()
-        prepared: Prepared = pickle.loads(data)
+        assert self._forked is not None
+        prepared: Prepared | None = self._forked.result()
         return prepared
 
     def close(self) -> None:
         """Kill the child if it is still at work, reap it, and drop its file."""
-        if self._pid is not None:
-            with contextlib.suppress(ProcessLookupError):   # it has ended already
-                os.kill(self._pid, signal.SIGKILL)
-            self._reap()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _reap(self) -> None:
-        if self._pid is not None:
-            _, status = os.waitpid(self._pid, 0)
-            self.exitcode = os.waitstatus_to_exitcode(status)
-            self._pid = None
+        if self._forked is not None:
+            self._forked.close()
 
     def __enter__(self) -> PrepareAhead:
         return self
@@ -490,30 +469,8 @@ class PrepareAhead:
         self.close()
 
 
-#: the child's exit status when the file is not for the fast path (and when it fails: 1)
-_NOT_FAST = 3
-
-
-def _child(fd: int, path: Path, stages: list[str] | None, k_max: int) -> None:
-    """What the child process of :class:`PrepareAhead` runs: the pickled :class:`Prepared` written into the
-    file ``fd``, then its end, at once (``os._exit``: nothing of the parent's is flushed or torn down twice),
-    with status 0; :data:`_NOT_FAST` when the file is not for the fast path, 1 when anything goes wrong,
-    even an interrupt. It writes nothing else: its standard output and error go to the null device."""
-    code = 1
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        pa.set_cpu_count(1)   # one core: the other is the parent's, parsing its test set
-        prepared = prepare_file(path, stages, k_max)
-        if prepared is None:
-            code = _NOT_FAST
-        else:
-            data = memoryview(pickle.dumps(prepared, protocol=pickle.HIGHEST_PROTOCOL))
-            while data:
-                data = data[os.write(fd, data):]
-            code = 0
-    except BaseException:  # noqa: BLE001, S110 - the parent reads the file itself and names any problem
-        pass
-    finally:
-        os._exit(code)
+def _prepare_alone(path: Path, stages: list[str] | None, k_max: int) -> Prepared | None:
+    """:func:`prepare_file` in the child process of :class:`PrepareAhead`, on one core: the other is the
+    parent's, parsing its test set."""
+    pa.set_cpu_count(1)
+    return prepare_file(path, stages, k_max)
