@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -15,6 +16,13 @@ import pandas as pd
 import pytest
 
 from weknora_nb.core.results import _coerce
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a subprocess a test interrupts (SIGINT): the signal's default action, whatever this
+    process inherited. A shell without job control (a script's ``make test &``) starts its background commands
+    with SIGINT ignored, every process below inherits that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def results_frame(rows: list[tuple]) -> pd.DataFrame:

@@ -34,6 +34,7 @@ from weknora_nb.collect.redact import RedactingFilter, redact_command, redact_te
 from weknora_nb.core.errors import RunExistsError, RunLockedError
 from weknora_nb.sandbox import SandboxServer
 
+from .conftest import interruptible
 from .test_collect import MINI, mini_testset
 
 KEY = "sk-hardening-test-8c41d0e2b7"
@@ -82,10 +83,11 @@ def collect_argv(sandbox, ts_path, out, *extra, base_url=None):
 
 
 def start(argv, *, cwd=None, prefix=()):
-    """``weknora-nb ARGV`` in a subprocess (``prefix``: options before the command, e.g. ``-vv``)."""
+    """``weknora-nb ARGV`` in a subprocess (``prefix``: options before the command, e.g. ``-vv``), one that a
+    SIGINT interrupts."""
     return subprocess.Popen([sys.executable, "-m", "weknora_nb", *prefix, *argv], cwd=cwd,
                             env={**os.environ, "WEKNORA_API_KEY": KEY, "PYTHONIOENCODING": "utf-8"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
 
 
 def finish(proc, timeout=120):

@@ -47,6 +47,8 @@ from weknora_nb.core.testset import TestSet
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.judge import judge_scores
 
+from .conftest import interruptible
+
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-secret-xyz"
 GOOD = {"correctness": {"score": 4, "reason": "要点齐全"}, "faithfulness": {"score": 5, "reason": "有依据"},
@@ -423,7 +425,8 @@ def test_ctrl_c_keeps_what_was_judged_and_says_how_to_go_on(tmp_path):
     with LLMServer(delay_s=0.3) as srv:
         proc = subprocess.Popen([sys.executable, "-m", "weknora_nb", "judge", "--run", str(run), "--base-url",
                                  srv.base_url, "--model", "m", "--repeats", "1", "--concurrency", "2", "--quiet"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=interruptible)
         log_path = run / "judgements.jsonl"
         deadline = time.monotonic() + 60
         while (not log_path.exists() or len(log_path.read_bytes().splitlines()) < 3) and proc.poll() is None:

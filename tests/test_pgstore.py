@@ -129,7 +129,7 @@ def test_rows_per_chunk_follow_weknoras_source_ids_and_seeded_faults_change_only
 
 
 @pytest.mark.contract("C90")
-def test_an_faq_entry_in_separate_mode_has_one_row_per_question_named_chunk_dash_n(tmp_path):
+def test_an_faq_entry_in_separate_mode_has_one_row_per_question_named_chunk_dash_n(tmp_path, embedding_cache):
     from tests.test_contract_search import FAQ_SMALL  # the FAQ fixture of the search contract
 
     data = tmp_path / "kb"
@@ -139,7 +139,7 @@ def test_an_faq_entry_in_separate_mode_has_one_row_per_question_named_chunk_dash
     (data / "faq" / "faq.jsonl").write_text(FAQ_SMALL.read_text(encoding="utf-8"), encoding="utf-8")
     (data / "versions.yaml").write_text("versions:\n  f:\n    faq: {enabled: true, question_index_mode: separate}\n",
                                         encoding="utf-8")
-    with SandboxServer("f", data_dir=data, api_key=KEY) as sb:
+    with SandboxServer("f", data_dir=data, cache_dir=embedding_cache, api_key=KEY) as sb:   # never ~/.cache
         engine = sb.sandbox.engine
         faq = [c for c in engine.index.chunks if c.chunk_type == "faq" and c.faq.similar_questions]
         assert faq
