@@ -206,20 +206,17 @@ def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readin
         score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
 
 
-#: a fresh process, one thread: PrepareAhead forks a child, and score_files another for the test set's second
-#: half; prints what score_files gives with them, whether a child was forked, and whether any child is left once
-#: the scoring is done
+#: a fresh process, one thread: PrepareAhead forks a child; prints what score_files gives with it, whether a
+#: child was forked, and whether any child is left once the scoring is done
 FORKED = """
 import json, os, sys
-import weknora_nb.core.testset as T
 from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.scoring import score_files
 testset, results, stages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-T.SPLIT_BYTES = 64   # the test set's second half parsed in a child process too
 try:
     with PrepareAhead(results, stages, 10, fork=True) as ahead:
         forked = ahead.forked
-        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages, fork=True).to_json_dict()
+        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
 except Exception as exc:
     out = f"{type(exc).__name__}: {exc}"
     forked = True

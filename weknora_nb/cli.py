@@ -260,8 +260,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     from weknora_nb.core.requests import PrepareAhead
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
-    # the results' side of scoring in a child process, while this one imports pandas and loads the test set (the
-    # second half of a large one in another child process)
+    # the results' side of scoring in a child process, while this one imports pandas and loads the test set
     with PrepareAhead(args.results, args.stage or None, max(m.k for m in parse_metrics(metrics)),
                       fork=_OWN_PROCESS["run"]) as ahead:
         from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
@@ -270,7 +269,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         if args.per_query_out:
             per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
         sc = score_files(args.testset, ahead, metrics, stages=args.stage or None,
-                         domain_adjustment=args.domain_adjustment, fork=_OWN_PROCESS["run"])
+                         domain_adjustment=args.domain_adjustment)
     if args.per_query_out:
         sc.write_per_query(args.per_query_out)
     if args.json:

@@ -1,9 +1,8 @@
 """Work begun in a forked child process beside the caller's own, its result handed back pickled.
 
 The command line's ``score`` keeps both cores busy this way: the results file is read and laid out
-(:class:`~weknora_nb.core.requests.PrepareAhead`) while the parent imports pandas, and the second half of a
-large JSONL test set is parsed (:class:`~weknora_nb.core.testset.TestSetAhead`) while the parent parses the
-first. A thread would not do: parsing JSON and building Python objects hold the interpreter lock.
+(:class:`~weknora_nb.core.requests.PrepareAhead`) while the parent imports pandas and parses the test set. A
+thread would not do: parsing JSON and building Python objects hold the interpreter lock.
 
 The child writes its pickled result into a temporary file with no name (nothing is left behind, whatever ends
 either process) and ends at once; the parent reads the file in one call (a pipe would take hundreds of reads,

@@ -29,8 +29,7 @@ laid out as if it were scored; step 3 then empties those not scored). Two cores:
 (Arrow and numpy work without the interpreter lock). :func:`score_files` does the whole results'
 side while the test set loads (in a thread, or given a :class:`~weknora_nb.core.requests.PrepareAhead`,
 which the command line begins in a child process before it imports pandas), and hashes the test set
-while scoring; with ``fork``, the second half of a large JSONL test set is parsed in another child process
-(:class:`~weknora_nb.core.testset.TestSetAhead`).
+while scoring.
 :meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
 strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
@@ -58,7 +57,7 @@ from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
 from weknora_nb.core.requests import Lists, PrepareAhead, Prepared, Requests, prepare
 from weknora_nb.core.results import expand_sub_chunks, read_results_for_scoring
-from weknora_nb.core.testset import TestSet, TestSetAhead, _json_inner, _string_bytes
+from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
 
 __all__ = ["Counts", "Scores", "score", "score_files", "result_codes"]
@@ -545,7 +544,7 @@ def _k_max(mets: list[Metric]) -> int:
 
 def score_files(testset: str | os.PathLike, results: str | os.PathLike | PrepareAhead,
                 metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
-                domain_adjustment: float = 0.0, sub_chunks: str = "expand", fork: bool = False) -> Scores:
+                domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
     """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
     same checks and errors in the same order, using a second core: the results file is read, grouped into
     requests and checked, and each request's distinct list laid out, in a second thread while the test set
@@ -553,10 +552,7 @@ def score_files(testset: str | os.PathLike, results: str | os.PathLike | Prepare
     the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring. ``results`` may be a
     :class:`~weknora_nb.core.requests.PrepareAhead` of the results file begun earlier for the same ``stages``
     and metrics (the command line begins one in a child process before it imports pandas); what it does not
-    prepare (a file for :func:`~weknora_nb.core.results.read_results`, a file it cannot read) is read here.
-    ``fork``: for a process that is the program's own (the command line's), the second half of a large JSONL
-    test set is parsed in a child process while this one parses the first (:class:`~weknora_nb.core.testset.
-    TestSetAhead`: the same checks and messages)."""
+    prepare (a file for :func:`~weknora_nb.core.results.read_results`, a file it cannot read) is read here."""
     mets = _check_options(metrics, domain_adjustment, sub_chunks)
     stages = None if stages is None else list(stages)
     path = results.path if isinstance(results, PrepareAhead) else Path(results)
@@ -567,10 +563,9 @@ def score_files(testset: str | os.PathLike, results: str | os.PathLike | Prepare
         prepared = results.result() if isinstance(results, PrepareAhead) else None
         return prepared if prepared is not None else _prepare(path, sub_chunks, str(path), stages, _k_max(mets))
 
-    loading = TestSetAhead(testset, fork=fork)   # before any thread of this call: it may fork a child
-    with loading, short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
+    with short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
         prepared = in_background(results_side, "weknora-nb-results")   # while the test set loads
-        ts = loading.load()
+        ts = load_testset(Path(testset))
         digest = pool.submit(lambda: ts.hash)
         labels = pool.submit(_Relevance.of, ts)
         sc = _score_prepared(ts, prepared.result(), mets, labels, domain_adjustment)

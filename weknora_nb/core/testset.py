@@ -30,8 +30,6 @@ of lines at a time. A batch holding anything unusual (a problem to name, an odd 
 written twice, a lone ``\r``) is checked record by record instead, as before, so every
 message still names its file, line and field; the fast path only accepts what that check
 accepts, with the same result. The hash is built by Arrow and numpy over slices of queries.
-:class:`TestSetAhead` (the command line's ``score``) parses the second half of a large JSONL file in a child
-process while the caller parses the first: the child hands back only blocks of the fast path.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -60,10 +57,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from weknora_nb.core.errors import Problem, TestSetError, UsageError, reading, writing
-from weknora_nb.core.forked import Forked
 from weknora_nb.core.pipeline import MIN_VALID_QUERIES
 
-__all__ = ["TestSet", "TestSetAhead", "load_testset", "load_trec_qrels"]
+__all__ = ["TestSet", "load_testset", "load_trec_qrels"]
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +75,6 @@ _SAME_ONCE_STRIPPED = "are the same id once surrounding whitespace is removed"
 _BOM = b"\xef\xbb\xbf"
 #: bytes of lines read at a time
 _BLOCK_BYTES = 1 << 21
-#: a JSONL test set of this many bytes or more is parsed by two processes (:class:`TestSetAhead`): 100,000
-#: queries take some 15 MB; a child costs a few milliseconds, parsing 4 MB some 0.1 s
-SPLIT_BYTES = 4 << 20
-_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _ESCAPE_PAIR = re.compile(rb"\\.", re.DOTALL)
 #: bytes JSON escapes in a string (``"``, ``\\``, control characters), and the others
 _JSON_ESCAPED = np.zeros(256, bool)
@@ -454,7 +446,7 @@ def load_testset(path: str | Path) -> TestSet:
     if p.is_dir():
         return _load_weknora_folder(p)
     suffix = p.suffix.lower()
-    if suffix in _JSONL_SUFFIXES:
+    if suffix in (".jsonl", ".json", ".ndjson"):
         return _load_jsonl(p)
     if suffix == ".csv":
         return _load_csv(p)
@@ -520,17 +512,10 @@ def _same_id(what: str, first: str, later: str, first_at: int, where: str) -> st
     return f"{what} {first!r} ({where} {first_at}) and {later!r} {_SAME_ONCE_STRIPPED}; keep one spelling"
 
 
-def _raw_blocks(path: Path, start: int = 0, stop: int | None = None) -> Iterator[list[bytes]]:
-    """The binary lines of a file (each ending at ``\\n``), about :data:`_BLOCK_BYTES` at a time, from byte
-    ``start`` to byte ``stop`` (the end of a line; default: the end of the file)."""
+def _raw_blocks(path: Path) -> Iterator[list[bytes]]:
+    """The binary lines of a file (each ending at ``\\n``), about :data:`_BLOCK_BYTES` at a time."""
     with reading(path, TestSetError), open(path, "rb") as fh:
-        fh.seek(start)
-        while (left := _BLOCK_BYTES if stop is None else min(_BLOCK_BYTES, stop - fh.tell())) > 0:
-            # whole lines until they hold more than the hint: at most ``left`` bytes (never past ``stop``, a
-            # line's end) with ``left - 1``; a hint of 0 would read the whole file
-            block = fh.readlines(left - 1) if left > 1 else [fh.readline()]
-            if not block or not block[0]:
-                return
+        while block := fh.readlines(_BLOCK_BYTES):
             yield block
 
 
@@ -623,26 +608,12 @@ def _parse_json(text: str, bad: _Bad, field: str | None, *, column: bool = True)
     return _NOT_JSON
 
 
-def _load_jsonl(path: Path, tail: tuple[int, Forked] | None = None) -> TestSet:
+def _load_jsonl(path: Path) -> TestSet:
     """A block of lines at a time: parsed and checked at once (:func:`_jsonl_block`) when every record
-    in it is plainly sound, else line by line, each problem named. ``tail``: the byte where the file's second
-    half begins and a child process parsing that half (:func:`_jsonl_tail`); what it hands back follows the
-    first half, and when it hands back nothing, the second half is read here."""
+    in it is plainly sound, else line by line, each problem named."""
     builder = _Builder(str(path), "line")
     decoder = _Decoder(path, builder.problems)
-    _jsonl_blocks(builder, decoder, _raw_blocks(path, stop=None if tail is None else tail[0]))
-    if tail is not None:
-        parsed = tail[1].result()
-        if parsed is not None:
-            builder.extend(parsed, decoder.lineno)
-        else:
-            _jsonl_blocks(builder, decoder, _raw_blocks(path, start=tail[0]))
-    return builder.build()
-
-
-def _jsonl_blocks(builder: _Builder, decoder: _Decoder, blocks: Iterable[list[bytes]]) -> None:
-    """Give ``builder`` the records of ``blocks`` (the lines after those ``decoder`` has numbered)."""
-    for block in blocks:
+    for block in _raw_blocks(path):
         first = decoder.lineno
         bom = first == 0 and block[0].startswith(_BOM)   # tolerated before the first line
         if _jsonl_block(builder, [block[0][3:], *block[1:]] if bom else block, first):
@@ -654,89 +625,7 @@ def _jsonl_blocks(builder: _Builder, decoder: _Decoder, blocks: Iterable[list[by
             obj = _parse_json(line, builder.complaint(lineno), None)
             if obj is not _NOT_JSON:   # only a JSON escape (\\ud800) can put a surrogate in a decoded line
                 builder.add(lineno, obj, check_text="\\u" in line)
-
-
-def _jsonl_tail(path: Path, start: int) -> _Builder | None:
-    """The records of a JSONL file from byte ``start`` (a line's beginning) to its end, their lines numbered
-    from 1 there, when every block of them is plainly sound (:func:`_jsonl_block`); else None (the caller then
-    reads them line by line and names each problem): what the child process of :class:`TestSetAhead` runs."""
-    builder = _Builder(str(path), "line")
-    first = 0
-    for block in _raw_blocks(path, start=start):
-        if not _jsonl_block(builder, block, first):
-            return None
-        first += len(block)
-    return builder
-
-
-def _split_point(path: Path) -> int | None:
-    """Where the second half of a JSONL test set begins (the first line beginning after its middle byte), or
-    None: not a JSONL file, one under :data:`SPLIT_BYTES`, or a file it cannot read (the loading names why)."""
-    if path.suffix.lower() not in _JSONL_SUFFIXES or not path.is_file():
-        return None
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < SPLIT_BYTES:
-                return None
-            fh.seek(size // 2)
-            fh.readline()
-            at = fh.tell()
-    except OSError:
-        return None
-    return at if at < size else None
-
-
-class TestSetAhead:
-    """:func:`load_testset` of ``path``, where the second half of a JSONL file of :data:`SPLIT_BYTES` or more
-    is parsed in a child process begun now (with ``fork``, for a process that is the program's own, such as the
-    command line's, and where it can be forked safely: :meth:`Forked.possible
-    <weknora_nb.core.forked.Forked.possible>`), while :meth:`load` parses the first half: parsing JSON holds
-    the interpreter lock, so a thread would not help. The same checks and the same messages as
-    :func:`load_testset`: the child hands back the second half only when every block of it is plainly sound
-    (:func:`_jsonl_block`), else the caller's thread reads it line by line, and query ids met twice are
-    found over the whole file, as always. Use it as a context manager (or call :meth:`close`): a child still
-    at work when the caller stops is killed.
-    """
-
-    __test__ = False  # not a pytest test class
-
-    def __init__(self, path: str | os.PathLike, *, fork: bool = False):
-        self.path = Path(path)
-        split = _split_point(self.path) if fork and Forked.possible() else None
-        self._tail = None if split is None else (
-            split, Forked(lambda: _jsonl_tail(self.path, split), f"the test set {path}, from byte {split}"))
-
-    @property
-    def forked(self) -> bool:
-        """Whether a child process parses the second half."""
-        return self._tail is not None
-
-    @property
-    def exitcode(self) -> int | None:
-        """How the child ended, once reaped (:attr:`Forked.exitcode <weknora_nb.core.forked.Forked.exitcode>`: 0
-        when it handed the second half back; None without a child)."""
-        return None if self._tail is None else self._tail[1].exitcode
-
-    def load(self) -> TestSet:
-        """The test set (:func:`load_testset`'s, and its errors)."""
-        if self._tail is None:
-            return load_testset(self.path)
-        try:
-            return _load_jsonl(self.path, self._tail)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Kill the child if it is still at work, reap it, and drop its file."""
-        if self._tail is not None:
-            self._tail[1].close()
-
-    def __enter__(self) -> TestSetAhead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    return builder.build()
 
 
 def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
@@ -1559,19 +1448,6 @@ class _Builder:
         for c, t in self._TYPES.items():
             self._arrays[c].append(pa.array(lines) if c == "line" else pa.array(cols[c], t))
         self.n += len(lines)
-
-    def extend(self, later: _Builder, first_line: int) -> None:
-        """Keep the records ``later`` kept (from further on in the same file, its lines numbered from 1 after line
-        ``first_line``: :func:`_jsonl_tail`'s, with no problem among them) after those added before."""
-        self._drain()
-        self._flush()
-        later._drain()
-        later._flush()
-        self._spelled.update({self.n + i: w for i, w in later._spelled.items()})
-        for c, arrays in later._arrays.items():
-            self._arrays[c].extend([pc.add(a, first_line) for a in arrays] if c == "line" else arrays)
-        self.n += later.n
-        self.seen += later.seen
 
     def add(self, line: int, obj: Any, *, check_text: bool = True) -> None:
         """Check one record and, when it is sound, keep it (``check_text``: see :func:`_check_record`)."""
