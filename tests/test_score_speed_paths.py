@@ -562,6 +562,28 @@ def test_hash_of_a_hand_built_frame_with_object_tags():
     assert queries["tags"].dtype == object and testset_module._content_hash(queries, ts.qrels) == ts.hash
 
 
+#: a fresh process of one thread that ignores SIGCHLD (the system then reaps its children itself): one child
+#: that has finished, one still at work when closed
+SIGCHLD_IGNORED = """
+import json, signal, time
+from weknora_nb.core.forked import Forked
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+done = Forked(lambda: 42, "gives 42")
+time.sleep(0.5)
+sleeping = Forked(lambda: time.sleep(60), "a sleep")
+sleeping.close()
+print(json.dumps([done.result(), done.exitcode, sleeping.exitcode]))
+"""
+
+
+def test_children_the_system_reaps_give_nothing_and_no_error():
+    """In a process that ignores SIGCHLD the children's statuses are gone: nothing is handed back (the caller does
+    the work), the child at work is still killed at once, and neither raises."""
+    proc = subprocess.run([sys.executable, "-c", SIGCHLD_IGNORED], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert json.loads(proc.stdout) == [None, None, None]
+
+
 def test_no_child_to_be_had_leaves_the_work_to_the_caller(monkeypatch, files):
     """A fork that fails (a process limit, no memory) gives nothing back, and the caller does the work: the same
     figures, no error."""

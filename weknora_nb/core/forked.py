@@ -81,8 +81,9 @@ class Forked:
         waits in :meth:`result`)."""
         with self._lock:
             if self._pid is not None:   # not reaped: the number is still the child's, a zombie's at worst
-                os.kill(self._pid, signal.SIGKILL)
-                self._reaped(os.waitpid(self._pid, 0)[1])
+                with contextlib.suppress(ProcessLookupError):   # reaped by the system (SIGCHLD ignored)
+                    os.kill(self._pid, signal.SIGKILL)
+                self._wait()
             if self._file is not None:
                 self._file.close()
                 self._file = None
@@ -96,10 +97,14 @@ class Forked:
                 os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         with self._lock:
             if self._pid is not None:
-                self._reaped(os.waitpid(self._pid, 0)[1])
+                self._wait()
 
-    def _reaped(self, status: int) -> None:
-        self.exitcode = os.waitstatus_to_exitcode(status)
+    def _wait(self) -> None:
+        """Reap the child (the lock held): its exit status into :attr:`exitcode` (None when the system reaped it
+        already, as it does with SIGCHLD ignored: it then gave nothing)."""
+        assert self._pid is not None
+        with contextlib.suppress(ChildProcessError):
+            self.exitcode = os.waitstatus_to_exitcode(os.waitpid(self._pid, 0)[1])
         self._pid = None
 
     def __enter__(self) -> Forked:
