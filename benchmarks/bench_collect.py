@@ -9,9 +9,10 @@ Throughput is measured over the request phase (first request sent to last one re
 in the checkpoint, ``RunSummary.request_seconds``); "end to end" also counts the run's
 set-up and the final Parquet and manifest writes.
 As a reference measured in the same run, a bare httpx loop sends the same requests
-(knowledge-search, the ``final`` stage) at the same concurrency: its fraction of ideal is
-the ceiling of this HTTP stack on this machine, and the last column is the collector's
-throughput relative to it.
+(knowledge-search, the ``final`` stage) at the same concurrency, on the collector's HTTP stack
+(httpx over aiohttp, :mod:`weknora_nb.collect.transport`) and on httpx's own transport (httpcore
+on anyio): their fractions of ideal are the ceilings of each stack on this machine, and the last
+column is the collector's throughput relative to the first.
 
     python benchmarks/bench_collect.py [--latency-ms 50] [--stage final] [--levels 1,8,32]
 """
@@ -32,6 +33,7 @@ import httpx
 
 from weknora_nb.collect import collect_async
 from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.transport import async_client
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.sandbox import demo_dir
 
@@ -52,13 +54,16 @@ def start_server(latency_ms: float, port: int, env: dict) -> subprocess.Popen:
     raise SystemExit("the sandbox did not start within 120 s")
 
 
-async def plain_httpx(base_url: str, key: str, queries: list[str], in_flight: int, stage_path: str) -> float:
-    """Reference: the same requests from a bare httpx loop (no retries, no checkpoint); seconds."""
+async def plain_httpx(base_url: str, key: str, queries: list[str], in_flight: int, stage_path: str, *,
+                      own_transport: bool = False) -> float:
+    """Reference: the same requests from a bare httpx loop (no retries, no checkpoint) on the collector's transport
+    (``own_transport``: on httpx's own); seconds."""
     queue: asyncio.Queue = asyncio.Queue()
     for q in queries:
         queue.put_nowait(q)
-    async with httpx.AsyncClient(base_url=base_url, headers={"X-API-Key": key},
-                                 limits=httpx.Limits(max_connections=in_flight)) as client:
+    make = httpx.AsyncClient if own_transport else async_client
+    async with make(base_url=base_url, headers={"X-API-Key": key},
+                    limits=httpx.Limits(max_connections=in_flight)) as client:
         async def worker() -> None:
             while not queue.empty():
                 q = queue.get_nowait()
@@ -90,7 +95,7 @@ def main() -> None:
             asyncio.run(collect_async(settings, "kb-demo", ts, Path(tmp) / "warm", stages=args.stage, repeats=1,
                                       concurrency=8, warmup=0, inventory=False, progress=False))
         print(f"{'in flight':>9}  {'requests':>8}  {'seconds':>7}  {'req/s':>7}  {'ideal':>7}  {'fraction':>8}  "
-              f"{'end to end':>10}  {'bare httpx':>10}  {'vs bare httpx':>13}")
+              f"{'end to end':>10}  {'bare httpx':>10}  {'httpcore':>8}  {'vs bare httpx':>13}")
         for level in (int(x) for x in args.levels.split(",")):
             n = max(100, 80 * level)
             records = [dict(r, query_id=f"{r['query_id']}-{k}") for k in range(n // len(ts) + 1) for r in ts.records()]
@@ -104,10 +109,12 @@ def main() -> None:
             assert s.complete, s.describe()
             rate = n / s.request_seconds  # the request phase: every request sent, answered and checkpointed
             ideal = level / (args.latency_ms / 1000.0)
-            ref = n / asyncio.run(plain_httpx(settings.base_url, env["WEKNORA_API_KEY"],
-                                              [r["query"] for r in records[:n]], level, "/api/v1/knowledge-search"))
+            bare = [n / asyncio.run(plain_httpx(settings.base_url, env["WEKNORA_API_KEY"],
+                                                [r["query"] for r in records[:n]], level, "/api/v1/knowledge-search",
+                                                own_transport=own)) for own in (False, True)]
             print(f"{level:>9}  {n:>8}  {s.request_seconds:>7.2f}  {rate:>7.1f}  {ideal:>7.1f}  {rate / ideal:>8.2f}  "
-                  f"{n / secs / ideal:>10.2f}  {ref / ideal:>10.2f}  {rate / ref:>13.2f}")
+                  f"{n / secs / ideal:>10.2f}  {bare[0] / ideal:>10.2f}  {bare[1] / ideal:>8.2f}  "
+                  f"{rate / bare[0]:>13.2f}")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

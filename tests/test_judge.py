@@ -89,7 +89,8 @@ class LLMServer:
                 with server.lock:
                     server.counts[question] += 1
                     n = server.counts[question]
-                    server.requests.append({"headers": dict(self.headers), "body": body, "raw": raw})
+                    headers = {k.lower(): v for k, v in self.headers.items()}  # names are case-insensitive
+                    server.requests.append({"headers": headers, "body": body, "raw": raw})
                 if server.delay_s:
                     time.sleep(server.delay_s)
                 action = server.behave(question, n, body) or {}
@@ -379,7 +380,7 @@ def test_the_key_is_in_no_file_and_no_log(tmp_path, capsys, caplog):
         code = main(["-vv", "judge", "--run", str(run), "--base-url", srv.base_url, "--model", "m", "--repeats", "1",
                      "--max-attempts", "1", "--json"])
     assert code == 1  # one judgement failed
-    assert {r["headers"]["Authorization"] for r in srv.requests} == {f"Bearer {KEY}"}  # the key was used
+    assert {r["headers"]["authorization"] for r in srv.requests} == {f"Bearer {KEY}"}  # the key was used
     captured = capsys.readouterr()
     seen = [captured.out, captured.err, caplog.text]
     files = [p for p in tmp_path.rglob("*") if p.is_file()]

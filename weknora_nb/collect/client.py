@@ -201,7 +201,9 @@ class WeKnoraClient:
         self.sessions: list[str] = []
         install_log_redaction()  # httpx logs every request's URL (INFO): its secrets masked
         base_url, auth, query = split_base_url(settings.base_url)
-        self._http = httpx.AsyncClient(
+        from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
+
+        self._http = async_client(
             base_url=base_url, headers=headers, auth=httpx.BasicAuth(*auth) if auth else None,
             params=httpx.QueryParams(query),
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),

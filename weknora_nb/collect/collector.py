@@ -493,10 +493,11 @@ def _manifest_base(args: _Arguments, testset: TestSet, testset_path: str | None,
 
 @contextlib.asynccontextmanager
 async def _lanes(args: _Arguments) -> AsyncIterator[list[WeKnoraClient]]:
-    """One pooled connection per request in flight, in pools of at most :data:`LANE_SIZE`.
+    """One pooled connection per request in flight, in clients of at most :data:`LANE_SIZE` connections.
 
-    httpx's pool scans all its connections on every request, so many small pools cost less
-    than one big one. Raises :class:`~weknora_nb.core.errors.AuthFailed` without an API key.
+    The split was made for httpcore's pool, which scanned all its connections on every request;
+    on aiohttp's (:mod:`weknora_nb.collect.transport`) it costs nothing. Raises
+    :class:`~weknora_nb.core.errors.AuthFailed` without an API key.
     """
     n_lanes = -(-args.concurrency // LANE_SIZE)
     per_lane = replace(args.settings, max_connections=-(-args.concurrency // n_lanes))

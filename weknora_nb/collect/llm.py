@@ -133,7 +133,9 @@ class LLMClient:
         self.dropped: set[str] = set()
         install_log_redaction()
         base_url, auth, query = split_base_url(settings.base_url)
-        self._http = httpx.AsyncClient(
+        from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
+
+        self._http = async_client(
             base_url=base_url, auth=httpx.BasicAuth(*auth) if auth else None, params=httpx.QueryParams(query),
             headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"},
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),

@@ -127,6 +127,7 @@ async def _embed_all(settings: EmbeddingSettings, texts: list[str]) -> list[list
 
     from weknora_nb.collect.client import split_base_url
     from weknora_nb.collect.retry import with_retries
+    from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
 
     install_log_redaction()
     key = os.environ.get(settings.api_key_env, "")
@@ -134,9 +135,9 @@ async def _embed_all(settings: EmbeddingSettings, texts: list[str]) -> list[list
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     limit = asyncio.Semaphore(settings.max_connections)
     rng = random.Random()
-    async with httpx.AsyncClient(base_url=base_url, auth=httpx.BasicAuth(*auth) if auth else None,
-                                 params=httpx.QueryParams(query), headers=headers,
-                                 timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)) as http:
+    async with async_client(base_url=base_url, auth=httpx.BasicAuth(*auth) if auth else None,
+                            params=httpx.QueryParams(query), headers=headers,
+                            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)) as http:
         async def batch(part: list[str]) -> list[list[float]]:
             async with limit:
                 return await with_retries(lambda: _post(http, settings, part, key), settings, rng,

@@ -1,0 +1,279 @@
+"""The collection layer's HTTP transport (weknora_nb/collect/transport.py): aiohttp under httpx's API.
+
+Each failure a server can cause is caused for real on loopback, once through httpx's own transport and once
+through ours: both must raise the same httpx exception, so that a request's failure kind (timeout, connect,
+protocol) does not depend on the transport. TLS is checked against a real TLS server (a trustme CA), proxies
+against a real HTTP proxy on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+import httpx
+import pytest
+import trustme
+
+from weknora_nb.collect.client import ClientSettings, WeKnoraClient
+from weknora_nb.collect.transport import Transport, async_client
+from weknora_nb.core.errors import ConnectFailed, ProtocolFailed, RequestTimeout
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"a\": \"b\"}\n"
+
+
+@contextmanager
+def raw_server(handle: Callable[[socket.socket], None], *, tls: ssl.SSLContext | None = None) -> Iterator[int]:
+    """A TCP server on loopback that hands every connection to ``handle`` (in a thread of its own); its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if tls is not None:
+                try:
+                    conn = tls.wrap_socket(conn, server_side=True)
+                except (ssl.SSLError, OSError):
+                    conn.close()
+                    continue
+            threading.Thread(target=_handled, args=(handle, conn), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way
+        listener.close()
+        thread.join(5)
+
+
+def _handled(handle: Callable[[socket.socket], None], conn: socket.socket) -> None:
+    try:
+        handle(conn)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    """The request's head and the body its Content-Length announces."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def _answer(reply: bytes) -> Callable[[socket.socket], None]:
+    def handle(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(reply)
+    return handle
+
+
+def _close_at_once(conn: socket.socket) -> None:
+    _read_request(conn)
+
+
+def _reset_after_head(conn: socket.socket) -> None:
+    _read_request(conn)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+
+
+def _never_answer(conn: socket.socket) -> None:
+    _read_request(conn)
+    conn.settimeout(5)
+    with suppress(OSError):
+        conn.recv(1)
+
+
+FAILURES = {
+    "closed before the response": _close_at_once,
+    "body cut short": _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789"),
+    "chunked body cut short": _answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"),
+    "not HTTP": _answer(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"),
+    "bad status line": _answer(b"HTTP/1.1 OK\r\n\r\n"),
+    "reset after the head": _reset_after_head,
+    "no answer (read timeout)": _never_answer,
+}
+
+
+#: where aiohttp cannot tell what httpx tells: a reset mid-body reaches aiohttp as a body cut short (the reset
+#: only named in its message); both are transport failures, neither a timeout
+DIFFERENT = {"reset after the head": httpx.RemoteProtocolError}
+
+
+def _failure_of(client: httpx.AsyncClient, url: str, *, stream: bool = False) -> type[BaseException] | None:
+    async def go() -> None:
+        async with client:
+            if stream:
+                async with client.stream("POST", url, json={"q": "x"}) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+            else:
+                (await client.post(url, json={"q": "x"})).read()
+    try:
+        asyncio.run(go())
+    except Exception as exc:  # noqa: BLE001 - the class is what is compared
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["read", "streamed"])
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_a_failure_raises_what_httpx_own_transport_raises(name, stream):
+    timeout = httpx.Timeout(0.5)
+    with raw_server(FAILURES[name]) as port:
+        url = f"http://127.0.0.1:{port}/x"
+        theirs = _failure_of(httpx.AsyncClient(timeout=timeout), url, stream=stream)
+        ours = _failure_of(async_client(timeout=timeout), url, stream=stream)
+    assert theirs is not None and issubclass(theirs, httpx.TransportError), theirs
+    assert ours is DIFFERENT.get(name, theirs), (name, ours, theirs)
+
+
+def test_refused_and_pool_timeouts_are_httpx_errors():
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/x"  # nothing listens there any more
+    assert _failure_of(async_client(), url) is _failure_of(httpx.AsyncClient(), url) is httpx.ConnectError
+
+    async def second_waits_for_the_pool(client: httpx.AsyncClient, url: str) -> type[BaseException]:
+        async with client:
+            first = asyncio.create_task(client.get(url))
+            await asyncio.sleep(0.2)
+            try:
+                await client.get(url)
+            except httpx.TimeoutException as exc:
+                return type(exc)
+            finally:
+                first.cancel()
+            raise AssertionError("the second request got a connection")
+
+    with raw_server(_never_answer) as port:
+        url = f"http://127.0.0.1:{port}/x"
+        limits, timeout = httpx.Limits(max_connections=1), httpx.Timeout(3, pool=0.3)
+        # httpx's pool says PoolTimeout; aiohttp's wait for a connection is its connect timeout
+        assert asyncio.run(second_waits_for_the_pool(async_client(limits=limits, timeout=timeout), url)) \
+            is httpx.ConnectTimeout
+        assert asyncio.run(second_waits_for_the_pool(httpx.AsyncClient(limits=limits, timeout=timeout), url)) \
+            is httpx.PoolTimeout
+
+
+def test_the_collector_records_each_failure_kind_whatever_the_transport(monkeypatch):
+    """WeKnoraClient turns the transport's exceptions into failure kinds: a reset is not a timeout."""
+    monkeypatch.setenv("WEKNORA_API_KEY", "sk-test")
+    cases = {_close_at_once: ConnectFailed, _never_answer: RequestTimeout,
+             _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n01234"): ConnectFailed}
+    for handle, kind in cases.items():
+        with raw_server(handle) as port:
+            async def search() -> None:
+                settings = ClientSettings(f"http://127.0.0.1:{port}", timeout_s=0.5)
+                async with WeKnoraClient(settings) as c:
+                    await c.request("POST", "/api/v1/knowledge-search", {"query": "x"}, retry=False)
+            with pytest.raises(kind):
+                asyncio.run(search())
+    with raw_server(_answer(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 200\r\n\r\n"
+                            b"data:{\"response_type\":\"answer\",\"content\":\"x\"}\n\n")) as port:
+        async def chat() -> None:
+            async with WeKnoraClient(ClientSettings(f"http://127.0.0.1:{port}", timeout_s=0.5)) as c:
+                await c._chat_stream("s1", {"query": "x"})
+        with pytest.raises(ProtocolFailed, match="stream broken: RemoteProtocolError"):
+            asyncio.run(chat())
+
+
+def test_a_request_and_its_answer_cross_unchanged():
+    """Method, path, query, body and headers reach the server as sent (header names in lower case, which HTTP
+    allows); the status, headers and body come back whole, a connection serving several requests."""
+    seen: list[bytes] = []
+
+    def handle(conn: socket.socket) -> None:
+        for _ in range(3):
+            request = _read_request(conn)
+            if not request:
+                return
+            seen.append(request)
+            conn.sendall(b"HTTP/1.1 201 Created\r\nX-Trace: t1\r\nSet-Cookie: a=1\r\nContent-Length: 13\r\n\r\n"
+                         + "{\"k\": \"值\"}\n".encode())
+
+    async def go(port: int) -> list[httpx.Response]:
+        async with async_client(base_url=f"http://127.0.0.1:{port}", headers={"X-API-Key": "sk-1"}) as c:
+            return [await c.post("/api/v1/p", params={"q": "中 文&x"}, json={"query": "问"}) for _ in range(3)]
+
+    with raw_server(handle) as port:
+        responses = asyncio.run(go(port))
+    assert [r.status_code for r in responses] == [201] * 3
+    assert responses[0].headers["x-trace"] == "t1" and responses[0].json() == {"k": "值"}
+    assert len(seen) == 3  # one connection, kept alive
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /api/v1/p?q=%E4%B8%AD+%E6%96%87%26x HTTP/1.1"
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    assert headers["x-api-key"] == "sk-1" and headers["content-type"] == "application/json"
+    assert body == '{"query":"问"}'.encode()
+    assert "cookie" not in {k.lower() for k in headers}  # no cookie jar of aiohttp's own
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[tuple[int, trustme.CA]]:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(server)
+    with raw_server(_answer(OK), tls=server) as port:
+        yield port, ca
+
+
+def test_tls_is_verified_against_the_context_given(tls_server):
+    port, ca = tls_server
+    trusted = ssl.create_default_context()
+    ca.configure_trust(trusted)
+
+    async def get(verify: ssl.SSLContext | bool, host: str = "127.0.0.1") -> httpx.Response:
+        async with async_client(verify=verify, timeout=httpx.Timeout(5)) as c:
+            return await c.get(f"https://{host}:{port}/x")
+
+    assert asyncio.run(get(trusted)).json() == {"a": "b"}
+    assert asyncio.run(get(trusted, "localhost")).json() == {"a": "b"}
+    with pytest.raises(httpx.ConnectError, match="certificate"):  # the system's CAs do not know this one
+        asyncio.run(get(True))
+
+
+def test_a_proxy_from_the_environment_is_used_through_httpx_own_transport(monkeypatch):
+    """HTTP_PROXY reaches httpx, which sends proxied requests through its own transport (SOCKS too)."""
+    lines: list[bytes] = []
+
+    def proxy(conn: socket.socket) -> None:
+        request = _read_request(conn)
+        lines.append(request.split(b"\r\n", 1)[0])
+        conn.sendall(OK)
+
+    with raw_server(proxy) as port:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+
+        async def go() -> tuple[dict, type]:
+            async with async_client() as c:
+                r = await c.get("http://weknora.invalid:8080/api/v1/x")
+                return r.json(), type(c._transport_for_url(httpx.URL("http://weknora.invalid:8080/")))
+        body, transport = asyncio.run(go())
+    assert body == {"a": "b"}
+    assert lines == [b"GET http://weknora.invalid:8080/api/v1/x HTTP/1.1"]
+    assert transport is httpx.AsyncHTTPTransport and not issubclass(transport, Transport)
