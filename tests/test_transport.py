@@ -1,4 +1,5 @@
-"""The collection layer's HTTP transport (weknora_nb/collect/transport.py): aiohttp under httpx's API.
+"""The collection layer's HTTP transport (weknora_nb/collect/transport.py): aiohttp under httpx's API; and the
+event loop it runs on (uvloop, weknora_nb/collect/retry.run_on_new_loop).
 
 Each failure a server can cause is caused for real on loopback, once through httpx's own transport and once
 through ours: both must raise the same httpx exception, so that a request's failure kind (timeout, connect,
@@ -21,6 +22,7 @@ import pytest
 import trustme
 
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient
+from weknora_nb.collect.retry import run_to_end
 from weknora_nb.collect.transport import Transport, async_client
 from weknora_nb.core.errors import ConnectFailed, ProtocolFailed, RequestTimeout
 
@@ -277,3 +279,24 @@ def test_a_proxy_from_the_environment_is_used_through_httpx_own_transport(monkey
     assert body == {"a": "b"}
     assert lines == [b"GET http://weknora.invalid:8080/api/v1/x HTTP/1.1"]
     assert transport is httpx.AsyncHTTPTransport and not issubclass(transport, Transport)
+
+
+def test_synchronous_callers_run_the_collection_on_uvloop():
+    """run_to_end: a new uvloop loop from synchronous code, and one in a thread of its own where a loop already
+    runs (Jupyter); the result and the exception of the work come back to the caller."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def loop_kind() -> type:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop())
+
+    async def fails() -> None:
+        raise ConnectFailed("refused")
+
+    assert run_to_end(loop_kind) is uvloop.Loop
+
+    async def inside_a_running_loop() -> tuple[type, bool]:
+        return run_to_end(loop_kind), isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    assert asyncio.run(inside_a_running_loop()) == (uvloop.Loop, False)
+    with pytest.raises(ConnectFailed, match="refused"):
+        run_to_end(fails)
