@@ -179,6 +179,11 @@ def test_refused_and_pool_timeouts_are_httpx_errors():
             is httpx.PoolTimeout
 
 
+def test_a_url_that_is_not_http_is_refused_as_httpx_refuses_it():
+    url = "ftp://127.0.0.1:21/x"
+    assert _failure_of(async_client(), url) is _failure_of(httpx.AsyncClient(), url) is httpx.UnsupportedProtocol
+
+
 def test_the_collector_records_each_failure_kind_whatever_the_transport(monkeypatch):
     """WeKnoraClient turns the transport's exceptions into failure kinds: a reset is not a timeout."""
     monkeypatch.setenv("WEKNORA_API_KEY", "sk-test")

@@ -22,7 +22,8 @@ refused, unreachable, TLS handshake or certificate  ``ConnectError``
 server closed the connection before its response    ``RemoteProtocolError``
 body cut short, malformed status line or headers    ``RemoteProtocolError``
 reset after the response's head                     ``RemoteProtocolError`` (httpx's own: ``ReadError``)
-other resets while reading or writing               ``ReadError``
+other resets, a connection closed under a request   ``ReadError``
+a URL that is not http(s)                           ``UnsupportedProtocol``
 ==================================================  ============================================
 
 In the two rows that differ aiohttp reports one event for two (its pool wait is part of its connect
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import httpx
@@ -93,7 +94,7 @@ class Transport(AiohttpTransport):
         try:
             response = await super().handle_async_request(request)
         except _FAILURES as exc:
-            raise httpx_error(exc, request) from _cause(exc)
+            _raise_as_httpx(exc, request)
         response.stream = _Body(response.stream, request)
         return response
 
@@ -109,13 +110,22 @@ class _Body(httpx.AsyncByteStream):
             async for chunk in self._stream:
                 yield chunk
         except _FAILURES as exc:
-            raise httpx_error(exc, self._request) from _cause(exc)
+            _raise_as_httpx(exc, self._request)
 
     async def aclose(self) -> None:
         try:
             await self._stream.aclose()
         except _FAILURES as exc:
-            raise httpx_error(exc, self._request) from _cause(exc)
+            _raise_as_httpx(exc, self._request)
+
+
+def _raise_as_httpx(exc: BaseException, request: httpx.Request) -> NoReturn:
+    """Raise :func:`httpx_error` of ``exc``, chained to the aiohttp exception behind it (``exc`` itself when it is
+    httpx's already)."""
+    error = httpx_error(exc, request)
+    if error is exc:
+        raise exc
+    raise error from _cause(exc)
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -136,10 +146,12 @@ def httpx_error(exc: BaseException, request: httpx.Request | None = None) -> htt
         kind = httpx.ConnectError
     elif isinstance(cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
         kind = httpx.RemoteProtocolError
-    elif isinstance(cause, aiohttp.ClientOSError):
+    elif isinstance(cause, aiohttp.ClientConnectionError):  # a reset; a connection closed under a request
         kind = httpx.ReadError
     elif isinstance(cause, httpx.TransportError):  # httpx's own, raised before aiohttp was reached
         return cause
+    elif isinstance(exc, httpx.TransportError):  # httpx-aiohttp's mapping of the rest (a URL it cannot take)
+        kind = type(exc)
     else:
         kind = httpx.TransportError
     message = str(cause) or type(cause).__name__
