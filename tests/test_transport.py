@@ -14,6 +14,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
@@ -97,6 +98,7 @@ def _close_at_once(conn: socket.socket) -> None:
 def _reset_after_head(conn: socket.socket) -> None:
     _read_request(conn)
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+    time.sleep(0.2)  # the client reads the head first (a reset before that is a plain ReadError for both)
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
 
 
@@ -119,7 +121,8 @@ FAILURES = {
 
 
 #: where aiohttp cannot tell what httpx tells: a reset mid-body reaches aiohttp as a body cut short (the reset
-#: only named in its message); both are transport failures, neither a timeout
+#: only named in its message); both are transport failures, neither a timeout. (Should the reset overtake the
+#: head on a loaded machine, both say ReadError.)
 DIFFERENT = {"reset after the head": httpx.RemoteProtocolError}
 
 
@@ -148,7 +151,7 @@ def test_a_failure_raises_what_httpx_own_transport_raises(name, stream):
         theirs = _failure_of(httpx.AsyncClient(timeout=timeout), url, stream=stream)
         ours = _failure_of(async_client(timeout=timeout), url, stream=stream)
     assert theirs is not None and issubclass(theirs, httpx.TransportError), theirs
-    assert ours is DIFFERENT.get(name, theirs), (name, ours, theirs)
+    assert ours in {theirs, DIFFERENT.get(name, theirs)}, (name, ours, theirs)  # the same but where noted
 
 
 def test_refused_and_pool_timeouts_are_httpx_errors():
