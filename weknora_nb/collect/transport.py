@@ -36,7 +36,6 @@ RFC 9110 section 5.1). aiohttp takes about 0.17 s to import: the clients import 
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -46,8 +45,6 @@ from httpx_aiohttp import AiohttpTransport
 
 __all__ = ["async_client", "httpx_error", "Transport"]
 
-#: httpx's default pool limits (100 connections, 20 kept alive)
-_DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 #: what a transport failure can surface as, before :func:`httpx_error` maps it
 _FAILURES = (aiohttp.ClientError, httpx.TransportError, TimeoutError)
 
@@ -64,22 +61,20 @@ class _Client(httpx.AsyncClient):
     the hook httpx-aiohttp's own client uses, so that proxies from the environment still apply (httpx ignores them
     when given a ``transport``); proxied requests keep httpx's transport (``_init_proxy_transport``)."""
 
-    def _init_transport(self, verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True,
-                        http1: bool = True, http2: bool = False, limits: httpx.Limits = _DEFAULT_LIMITS,
-                        transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> httpx.AsyncBaseTransport:
-        if transport is not None:
-            return transport
-        return Transport(verify=verify, cert=cert, trust_env=trust_env, limits=limits)
+    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
+        """``transport`` when given, else :class:`Transport` built from what httpx passes (``verify``, ``cert``,
+        ``trust_env``, ``http1``, ``http2``, ``limits``)."""
+        transport: httpx.AsyncBaseTransport | None = kwargs.pop("transport", None)
+        return transport if transport is not None else Transport(*args, **kwargs)
 
 
 class Transport(AiohttpTransport):
     """httpx-aiohttp's transport with httpx's exceptions, one aiohttp session per client, no cookie jar of its own
     (httpx keeps the cookies) and no proxy from the environment (httpx sends proxied requests to its own
-    transport)."""
+    transport); its arguments are httpx-aiohttp's (``verify``, ``limits``...)."""
 
-    def __init__(self, *, verify: ssl.SSLContext | str | bool = True, cert: Any = None, trust_env: bool = True,
-                 limits: httpx.Limits = _DEFAULT_LIMITS) -> None:
-        super().__init__(verify=verify, cert=cert, trust_env=trust_env, limits=limits, client=self._session)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "client": self._session})
 
     def _session(self) -> aiohttp.ClientSession:
         """The session, made on the first request (aiohttp wants a running event loop): ``max_connections`` open at
