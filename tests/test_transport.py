@@ -249,6 +249,48 @@ def _cookies(request: bytes) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in lines if line.lower().startswith("cookie:")]
 
 
+@pytest.mark.parametrize("base", ["http://h:8080", "http://h:8080/", "http://h:8080/weknora", "https://h/a/b/?k=v",
+                                  "http://[::1]:9/x%20y"])
+def test_request_urls_are_httpx_own_though_kept_per_path(base):
+    """The URL of a request is the one httpx's own client builds, for every kind of base and path, the first time
+    and when it is kept; a new ``base_url`` is joined anew; an absolute URL or an httpx.URL passes as it is."""
+    paths = ["/api/v1/knowledge-search", "api/v1/x", "/api/v1/knowledge-chat/会话 1", "/p?a=1&b=%20", "",
+             "http://other:1/abs", httpx.URL("/api/v1/u")]
+
+    async def urls(make: Callable[..., httpx.AsyncClient]) -> list[str]:
+        async with make(base_url=base, params={"t": "1"}) as c:
+            first = [str(c.build_request("POST", p, params={"q": "中"}).url) for p in paths]
+            again = [str(c.build_request("GET", p).url) for p in paths]
+            c.base_url = "http://moved:1/v2"
+            moved = [str(c.build_request("GET", p).url) for p in paths]
+            return first + again + moved
+
+    ours, httpx_own = asyncio.run(urls(async_client)), asyncio.run(urls(httpx.AsyncClient))
+    assert ours == httpx_own
+    assert any("moved" in u for u in ours) and any("%E4%B8%AD" in u for u in ours)
+
+
+def test_the_cookie_jar_is_httpx_own_and_skips_responses_without_cookies():
+    """A response without ``Set-Cookie`` leaves the jar as it was (nothing parsed); one with it fills the jar as
+    httpx's does; cookies given to the client, or set later, are sent and kept in a jar of the same kind."""
+    async def go() -> tuple[httpx.AsyncClient, list[str]]:
+        c = async_client(base_url="http://h", cookies={"s": "1"})
+        plain = httpx.Response(200, request=c.build_request("GET", "/a"))
+        c.cookies.extract_cookies(plain)
+        setting = httpx.Response(200, headers={"Set-Cookie": "a=2; Path=/"}, request=c.build_request("GET", "/a"))
+        c.cookies.extract_cookies(setting)
+        before = sorted(f"{k}={v}" for k, v in c.cookies.items())
+        c.cookies = {"z": "9"}
+        c.cookies.extract_cookies(setting)
+        await c.aclose()
+        return c, before + sorted(f"{k}={v}" for k, v in c.cookies.items())
+
+    c, seen = asyncio.run(go())
+    assert seen == ["a=2", "s=1", "a=2", "z=9"]
+    assert type(c.cookies).__name__ == "_Cookies" and c.build_request("GET", "/").headers["cookie"] in (
+        "z=9; a=2", "a=2; z=9")
+
+
 @pytest.fixture(scope="module")
 def tls_server() -> Iterator[tuple[int, trustme.CA]]:
     ca = trustme.CA()
