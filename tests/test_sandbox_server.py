@@ -609,3 +609,26 @@ def test_a_search_asked_again_is_run_once_and_each_caller_gets_hits_of_its_own(s
     engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings, rerank_fails=True)
     engine.knowledge_search("VPN 连接失败怎么办 (memo)", settings=settings, knowledge_ids=["guide.01-passwords"])
     assert len(runs) == 3  # another search: run anew
+
+
+def test_go_json_escapes_as_go_in_keys_and_values_and_is_otherwise_json():
+    """go_json (sandbox/wire.py, C62): Go's five escapes wherever they stand, as often as they stand, in keys and
+    values; the rest is compact UTF-8 JSON that reads back to the object; NaN is refused as Go refuses it."""
+    from weknora_nb.sandbox.wire import go_json
+
+    assert go_json({"a<b": "x&y\u2028>\u2029<<", "n": [1, 2.5, None, True, "中文"]}) == (
+        b'{"a\\u003cb":"x\\u0026y\\u2028\\u003e\\u2029\\u003c\\u003c","n":[1,2.5,null,true,"\xe4\xb8\xad\xe6\x96\x87"]}')
+    rng = random.Random(7)
+    alphabet = "ab 中<>&\"\\\n\t\u2028\u2029é😀"
+    for _ in range(300):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(10))) for _ in range(4)]
+        obj = {words[0]: words[1], "list": [words[2], {words[3]: rng.random()}]}
+        out = go_json(obj)
+        assert json.loads(out) == obj
+        assert not any(ch.encode() in out for ch in "<>&\u2028\u2029")
+        expected = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        for ch in "<>&\u2028\u2029":
+            expected = expected.replace(ch, f"\\u{ord(ch):04x}")
+        assert out == expected.encode()
+    with pytest.raises(ValueError):
+        go_json({"score": float("nan")})
