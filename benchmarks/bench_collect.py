@@ -12,7 +12,8 @@ As a reference measured in the same run, a bare httpx loop sends the same reques
 (knowledge-search, the ``final`` stage) at the same concurrency, on the collector's HTTP stack
 (httpx over aiohttp, :mod:`weknora_nb.collect.transport`) and on httpx's own transport (httpcore
 on anyio): their fractions of ideal are the ceilings of each stack on this machine, and the last
-column is the collector's throughput relative to the first.
+column is the collector's throughput relative to the first. Every loop runs as ``weknora-nb collect`` runs
+its collection: on :func:`weknora_nb.collect.retry.run_on_new_loop` (uvloop where it is installed).
 
     python benchmarks/bench_collect.py [--latency-ms 50] [--stage final] [--levels 1,8,32]
 """
@@ -33,6 +34,7 @@ import httpx
 
 from weknora_nb.collect import collect_async
 from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.retry import run_on_new_loop
 from weknora_nb.collect.transport import async_client
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.sandbox import demo_dir
@@ -92,8 +94,8 @@ def main() -> None:
         # one unmeasured pass warms the server's per-query caches (query embeddings), so that
         # what is measured is the collector's concurrency, not the first embedding of each query
         with tempfile.TemporaryDirectory() as tmp:
-            asyncio.run(collect_async(settings, "kb-demo", ts, Path(tmp) / "warm", stages=args.stage, repeats=1,
-                                      concurrency=8, warmup=0, inventory=False, progress=False))
+            run_on_new_loop(collect_async(settings, "kb-demo", ts, Path(tmp) / "warm", stages=args.stage, repeats=1,
+                                          concurrency=8, warmup=0, inventory=False, progress=False))
         print(f"{'in flight':>9}  {'requests':>8}  {'seconds':>7}  {'req/s':>7}  {'ideal':>7}  {'fraction':>8}  "
               f"{'end to end':>10}  {'bare httpx':>10}  {'httpcore':>8}  {'vs bare httpx':>13}")
         for level in (int(x) for x in args.levels.split(",")):
@@ -102,16 +104,17 @@ def main() -> None:
             sub = TestSet.from_records(records[:n])
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                s = asyncio.run(collect_async(settings, "kb-demo", sub, Path(tmp) / "run", stages=args.stage,
-                                              repeats=1, concurrency=level, warmup=0, inventory=False,
-                                              progress=False))
+                s = run_on_new_loop(collect_async(settings, "kb-demo", sub, Path(tmp) / "run", stages=args.stage,
+                                                  repeats=1, concurrency=level, warmup=0, inventory=False,
+                                                  progress=False))
                 secs = time.perf_counter() - t0
             assert s.complete, s.describe()
             rate = n / s.request_seconds  # the request phase: every request sent, answered and checkpointed
             ideal = level / (args.latency_ms / 1000.0)
-            bare = [n / asyncio.run(plain_httpx(settings.base_url, env["WEKNORA_API_KEY"],
-                                                [r["query"] for r in records[:n]], level, "/api/v1/knowledge-search",
-                                                own_transport=own)) for own in (False, True)]
+            bare = [n / run_on_new_loop(plain_httpx(settings.base_url, env["WEKNORA_API_KEY"],
+                                                    [r["query"] for r in records[:n]], level,
+                                                    "/api/v1/knowledge-search", own_transport=own))
+                    for own in (False, True)]
             print(f"{level:>9}  {n:>8}  {s.request_seconds:>7.2f}  {rate:>7.1f}  {ideal:>7.1f}  {rate / ideal:>8.2f}  "
                   f"{n / secs / ideal:>10.2f}  {bare[0] / ideal:>10.2f}  {bare[1] / ideal:>8.2f}  "
                   f"{rate / bare[0]:>13.2f}")
