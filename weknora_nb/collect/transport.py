@@ -84,8 +84,8 @@ class _Client(httpx.AsyncClient):
     def _merge_url(self, url: httpx.URL | str) -> httpx.URL:
         """httpx's URL of a request (``base_url`` joined with ``url``), kept per path: parsing it is half of what
         httpx's client spends building a request, and a collection asks for the same few paths thousands of times.
-        ``base_url`` is fixed at construction here (the cache is emptied if it is set again); at most
-        :data:`_URLS_KEPT` paths are kept (chat paths name their session)."""
+        Setting ``base_url`` empties the cache (:attr:`base_url`); at most :data:`_URLS_KEPT` paths are kept (chat
+        paths name their session)."""
         if not isinstance(url, str):
             return super()._merge_url(url)
         merged = self._urls.get(url)
@@ -97,6 +97,7 @@ class _Client(httpx.AsyncClient):
 
     @property
     def base_url(self) -> httpx.URL:
+        """httpx's ``base_url``; setting it also forgets the URLs :meth:`_merge_url` kept."""
         return super().base_url
 
     @base_url.setter
