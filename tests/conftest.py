@@ -17,6 +17,14 @@ import pytest
 
 from weknora_nb.core.results import _coerce
 
+# ranx, one of the references the metrics are checked against, runs its metric functions here as the Python they
+# are written in rather than compiled by numba: in a fresh environment (every CI run, a new user's first
+# `make test`) numba compiles them, parallel loops and all, for 60-70 s of one core before ranx's first
+# evaluation, while the reference tests' whole run interpreted takes 2-3 s. The formulas are the same source
+# either way; NUMBA_DISABLE_JIT=0 in the environment checks against the compiled functions instead, and
+# benchmarks/bench_scoring.py always does (on 10 M rows). Set before anything imports numba, which reads it once.
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+
 
 def interruptible() -> None:
     """``preexec_fn`` of a subprocess a test interrupts (SIGINT): the signal's default action, whatever this
@@ -168,8 +176,8 @@ def demo_from_wheel(tmp_path_factory: pytest.TempPathFactory) -> WheelDemo:
 #: (one demo) and started first
 RUN_FIRST = ("tests/test_reports.py::test_the_demo_end_to_end",
              "tests/test_wheel.py::test_wheel_runs_the_demo_in_an_empty_folder")
-#: files that pay the same once-per-process cost, run as one unit (on one worker): ranx's first evaluation
-#: compiles its numba kernels, 10-15 s
+#: files that pay the same once-per-process cost, run as one unit (on one worker): importing ranx (and numba),
+#: about 2 s
 SHARED_UNITS = {"tests/test_export.py": "ranx", "tests/test_metrics_reference.py": "ranx"}
 
 
