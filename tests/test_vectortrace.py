@@ -183,6 +183,26 @@ def test_with_index_scans_off_weknoras_query_is_exact_and_the_forced_index_still
     assert result.summary["warnings"] == []
 
 
+def test_every_search_is_planned_with_its_own_values_whatever_the_plan_cache_would_do(dsn, server, testset, trace,
+                                                                                    monkeypatch_module):
+    # a prepared statement's generic plan cannot prove `dimension = $2` for the index's `WHERE dimension = 32`:
+    # through it the "forced index" search is a sort of every row (an exact search) and WeKnora's query as planned
+    # never uses the index; Postgres takes such a plan after a statement's fifth run when it looks cheaper, and
+    # always with plan_cache_mode = force_generic_plan (here on the role). The trace's figures must not change.
+    cluster = pgcluster.cluster()
+    role = "wknb_test_vectortrace_generic"
+    cluster.ensure_reader(DB, role, PASSWORD)
+    with cluster.connect() as admin:
+        admin.execute(f"ALTER ROLE {role} SET plan_cache_mode = force_generic_plan")
+    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
+    result = trace_queries(cluster.dsn(DB, user=role, password=PASSWORD), ["kb-t"], testset,
+                           EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+    pd.testing.assert_frame_equal(result.queries, trace.queries)
+    pd.testing.assert_frame_equal(result.chunks, trace.chunks)
+    assert result.summary["recall"]["10"] < 1 and "index_miss" in set(result.chunks["status_index"])
+
+
 def test_queries_of_another_dimension_than_the_rows_are_warned_about(dsn, server, monkeypatch_module):
     monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
     _Embeddings.vectors = {"short": [1.0] * 8}

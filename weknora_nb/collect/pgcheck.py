@@ -38,7 +38,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,8 +48,9 @@ from weknora_nb.core.errors import AuthFailed, ConnectFailed, UsageError
 from weknora_nb.core.integrity import INFO, PROBLEM, Finding
 
 __all__ = ["check_database", "connect_readonly", "weknora_top_k", "weknora_vector_limits", "vector_query_sql",
-           "weknora_search_settings", "vector_indexes", "pgvector_version", "iterative_scan_supported",
-           "EMBEDDED_CHUNK_TYPES", "SMALL_KB_ROWS", "VECTOR_INDEX_METHODS", "PgSession", "plan_nodes"]
+           "weknora_search_settings", "set_local", "CUSTOM_PLANS", "vector_indexes", "pgvector_version",
+           "iterative_scan_supported", "EMBEDDED_CHUNK_TYPES", "SMALL_KB_ROWS", "VECTOR_INDEX_METHODS", "PgSession",
+           "plan_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -556,14 +557,31 @@ def _groups(run: _Run) -> Iterator[tuple[str, int, int]]:
                 yield kb, int(dim), counts["enabled"] - counts["without_vector"]
 
 
+#: every search planned with its own values, as a statement sent once is: a prepared statement's generic plan (which
+#: Postgres may keep after its fifth run, and always takes under plan_cache_mode = force_generic_plan) cannot
+#: prove ``dimension = $2`` for an index ``WHERE dimension = <d>``, so through it no search would use the index
+CUSTOM_PLANS = {"plan_cache_mode": "force_custom_plan"}
+
+
+def set_local(s: PgSession, settings: Mapping[str, str]) -> None:
+    """``SET LOCAL`` of every one of ``settings`` (name -> value) in one statement (the transaction's own)."""
+    if settings:
+        s.conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)),
+                       [x for item in settings.items() for x in item])
+
+
 @contextmanager
-def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan: str | None) -> Iterator[None]:
-    """A transaction with WeKnora's ``SET LOCAL hnsw.ef_search`` and ``hnsw.iterative_scan`` (None: left as is)."""
+def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan: str | None,
+                            more: Mapping[str, str] | None = None) -> Iterator[None]:
+    """A transaction with WeKnora's ``SET LOCAL hnsw.ef_search`` and ``hnsw.iterative_scan`` (None: left as is),
+    the settings of ``more``, and :data:`CUSTOM_PLANS`, set in one statement."""
+    settings = dict(CUSTOM_PLANS)
+    if ef_search is not None:
+        settings["hnsw.ef_search"] = str(int(ef_search))
+    if iterative_scan is not None:
+        settings["hnsw.iterative_scan"] = iterative_scan
     with s.conn.transaction():
-        if ef_search is not None:
-            s.conn.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-        if iterative_scan is not None:
-            s.conn.execute("SELECT set_config('hnsw.iterative_scan', %s, true)", (iterative_scan,))
+        set_local(s, {**settings, **(more or {})})
         yield
 
 

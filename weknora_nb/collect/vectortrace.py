@@ -16,6 +16,11 @@ For each query, :func:`trace_queries` embeds its text with the knowledge base's 
   ``ef_search`` of a sweep (10 ... 400); what WeKnora gets once the knowledge base is large enough for the
   planner to use it.
 
+Each search is planned with its own values (``plan_cache_mode = force_custom_plan``): a generic plan of the
+statement, which Postgres may keep once it has run five times, cannot use the index's ``WHERE dimension = N``,
+so that every search "through the index" was a sort of every row (recall 1.0) from about the second query on. A
+query's searches are sent in one pipeline: one wait for the server per query, not one per statement.
+
 Per (query, relevant chunk, K), for K in (the TopK WeKnora asks its vector path for, 10): ``status`` (as
 planned) and ``status_index`` (through the index): ``hit`` (the top-K rows hold a row of the chunk),
 ``index_miss`` (the exact top-K does, this search's does not: ``ef_search`` or ``m`` too low),
@@ -40,11 +45,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from weknora_nb.collect.pgcheck import (
+    CUSTOM_PLANS,
     PgSession,
     connect_readonly,
     iterative_scan_supported,
     pgvector_version,
     plan_nodes,
+    set_local,
     vector_indexes,
     vector_query_sql,
     weknora_search_settings,
@@ -82,6 +89,10 @@ EF_SWEEP = (10, 20, 40, 64, 100, 200, 400)
 STATUSES = ("hit", "index_miss", "embedding_miss")
 _EPS = 1e-6  # distances equal within this are ties
 _TIE_ROOM = 50  # exact rows fetched beyond K, to see the ties at the K-th distance
+#: an exact search: the planner takes no index for it
+_INDEX_SCANS = ("enable_indexscan", "enable_bitmapscan", "enable_indexonlyscan")
+#: a search through the vector index: nothing but its ordered scan is left to the planner
+_SEARCH_BY_INDEX = ("enable_seqscan", "enable_sort")
 
 
 # ------------------------------------------------------------------------------------------ embeddings
@@ -353,11 +364,13 @@ class _Plan:
             by.setdefault(cid, []).append(np.array(text.strip("[]").split(","), dtype=np.float32))
         return by
 
-    def search(self, vector: str, dim: int, *, exact: bool, ef: int | None = None,
-               force: bool = False) -> list[tuple[Any, ...]]:
-        """(id, chunk_id, distance) rows, best first: exact (no index, ``max(K)`` rows and room for ties) or as
-        WeKnora asks it (its inner LIMIT, ``ef``, strict-order iterative scan, threshold), as planned or
-        (``force``) through the vector index: sequential scans and sorts off, only its ordered scan is left."""
+    def send(self, vector: str, dim: int, *, exact: bool, ef: int | None = None, force: bool = False) -> Any:
+        """Send one search, in a transaction of its own, and return its cursor, whose rows are (id, source id, chunk id,
+        knowledge base, distance), best first: exact (no index, ``max(K)`` rows and room for ties) or as WeKnora asks
+        it (its inner LIMIT, ``ef``, strict-order iterative scan, threshold), as planned or (``force``) through the
+        vector index: sequential scans and sorts off, only its ordered scan is left. Each is planned with its values
+        (:data:`~weknora_nb.collect.pgcheck.CUSTOM_PLANS`). In the connection's pipeline mode nothing waits for the
+        server here: the rows are there once the pipeline is synced."""
         k = self.cutoffs[0]
         params = {"vector": vector, "dimension": dim, "kb_ids": self.kb_ids,
                   "inner_limit": k + _TIE_ROOM if exact else max(self.inner, k),
@@ -365,16 +378,11 @@ class _Plan:
         sql = vector_query_sql(dim, enabled_column=self.s.has("embeddings", "is_enabled"))
         if exact:
             with self.s.conn.transaction():
-                for knob in ("enable_indexscan", "enable_bitmapscan", "enable_indexonlyscan"):
-                    self.s.conn.execute(f"SET LOCAL {knob} = off")
-                rows = self.s.rows(sql, params)
-        else:
-            with weknora_search_settings(self.s, ef, self.iterative):
-                if force:
-                    for knob in ("enable_seqscan", "enable_sort"):
-                        self.s.conn.execute(f"SET LOCAL {knob} = off")
-                rows = self.s.rows(sql, params)
-        return [(r[0], r[2], float(r[4])) for r in rows]
+                set_local(self.s, {**CUSTOM_PLANS, **dict.fromkeys(_INDEX_SCANS, "off")})
+                return self.s.conn.execute(sql, params)
+        with weknora_search_settings(self.s, ef, self.iterative, dict.fromkeys(_SEARCH_BY_INDEX, "off") if force
+                                     else None):
+            return self.s.conn.execute(sql, params)
 
     def uses_index(self, vector: str, dim: int) -> bool:
         """Whether the plan of WeKnora's query (as planned, at its ``ef_search``) scans a vector index."""
@@ -396,11 +404,13 @@ class _Plan:
         text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
         if dim not in self.planner:
             self.planner[dim] = self.uses_index(text, dim)
-        exact = self.search(text, dim, exact=True)
+        with self.s.conn.pipeline():   # the query's searches sent at once: one wait for the server, not one each
+            sent = [self.send(text, dim, exact=True), self.send(text, dim, exact=False, ef=self.ef)]
+            sent += [self.send(text, dim, exact=False, ef=ef, force=True) for ef in self.sweep]
+        exact, planned, *swept = [[(r[0], r[2], float(r[4])) for r in cursor.fetchall()] for cursor in sent]
+        runs = dict(zip(self.sweep, swept, strict=True))
         if not exact:
             self.without_rows.append(q.query_id)
-        planned = self.search(text, dim, exact=False, ef=self.ef)
-        runs = {ef: self.search(text, dim, exact=False, ef=ef, force=True) for ef in self.sweep}
         recall_rows = [(q.query_id, ef, ef == self.ef, k, _recall(exact, rows, k), len(exact), len(rows),
                         _recall(exact, planned, k) if ef == self.ef else None)
                        for ef, rows in runs.items() for k in self.cutoffs]
