@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -382,3 +383,8 @@ def test_the_demo_end_to_end(demo_from_wheel):
         assert f'href="{v}/index.html"' in text
         assert (out / "reports" / v / "05_compare.html").exists()
     assert re.search(r"rerank</a>: .*NDCG@5 vs baseline: \+0\.\d+", text)
+    # the version whose HNSW graph is built sparse (m 4) is seen missing through its index at a low ef_search
+    # (0.85 at ef_search 10 on these queries; 0.995 when the trace's searches ran on generic plans, exact ones)
+    sweep = json.loads((out / "runs" / "hnsw-m4" / "vector_trace.json").read_text(encoding="utf-8"))["sweep"]
+    recall_at_10 = {row["ef_search"]: row["recall"]["10"] for row in sweep}
+    assert recall_at_10[10] < 0.95 and recall_at_10[400] > recall_at_10[10]
