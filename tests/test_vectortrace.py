@@ -203,6 +203,18 @@ def test_every_search_is_planned_with_its_own_values_whatever_the_plan_cache_wou
     assert result.summary["recall"]["10"] < 1 and "index_miss" in set(result.chunks["status_index"])
 
 
+def test_without_pipeline_mode_the_trace_is_the_same(dsn, server, testset, trace, monkeypatch, monkeypatch_module):
+    # a libpq older than 14 has no pipeline mode: each statement then waits for the server, with the same rows
+    import psycopg
+
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
+    result = trace_queries(dsn, ["kb-t"], testset, EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+    pd.testing.assert_frame_equal(result.queries, trace.queries)
+    pd.testing.assert_frame_equal(result.chunks, trace.chunks)
+
+
 def test_queries_of_another_dimension_than_the_rows_are_warned_about(dsn, server, monkeypatch_module):
     monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
     _Embeddings.vectors = {"short": [1.0] * 8}

@@ -40,6 +40,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -404,7 +405,7 @@ class _Plan:
         text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
         if dim not in self.planner:
             self.planner[dim] = self.uses_index(text, dim)
-        with self.s.conn.pipeline():   # the query's searches sent at once: one wait for the server, not one each
+        with _pipeline(self.s.conn):   # the query's searches sent at once: one wait for the server, not one each
             sent = [self.send(text, dim, exact=True), self.send(text, dim, exact=False, ef=self.ef)]
             sent += [self.send(text, dim, exact=False, ef=ef, force=True) for ef in self.sweep]
         exact, planned, *swept = [[(r[0], r[2], float(r[4])) for r in cursor.fetchall()] for cursor in sent]
@@ -427,6 +428,14 @@ class _Plan:
                                    planned_rank, distance, bool(mine), _status(index_rank, k, found_exact),
                                    index_rank))
         return chunk_rows, recall_rows
+
+
+def _pipeline(conn: Any) -> AbstractContextManager[Any]:
+    """``conn``'s pipeline mode where its libpq has one (14 or later: psycopg's binary package bundles one), else
+    nothing: the statements then wait for the server one by one."""
+    import psycopg
+
+    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
 
 
 def _status(rank: int | None, k: int, found_exact: bool) -> str:
