@@ -125,8 +125,7 @@ def testset(dsn, server) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def trace(dsn, server, testset, monkeypatch_module):
-    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
-    return trace_queries(dsn, ["kb-t"], testset, EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+    return _trace(dsn, server, testset, monkeypatch_module)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +133,25 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
     mp = pytest.MonkeyPatch()
     yield mp
     mp.undo()
+
+
+def _reader_with(name: str, setting: str) -> str:
+    """The DSN of a reader role of the test database (``wknb_test_vectortrace_<name>``) whose sessions start with
+    ``setting`` (``parameter = value``)."""
+    cluster = pgcluster.cluster()
+    role = f"wknb_test_vectortrace_{name}"
+    cluster.ensure_reader(DB, role, PASSWORD)
+    with cluster.connect() as admin:
+        admin.execute(f"ALTER ROLE {role} SET {setting}")
+    return cluster.dsn(DB, user=role, password=PASSWORD)
+
+
+def _trace(dsn: str, server: str, testset: list[dict[str, Any]], mp: pytest.MonkeyPatch) -> Any:
+    """``testset`` traced through ``dsn`` at ef_search 10, 40 and 400 (the ``trace`` fixture's; the queries' fixed
+    vectors put back first: a test may have changed them)."""
+    mp.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
+    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
+    return trace_queries(dsn, ["kb-t"], testset, EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
 
 
 def test_index_misses_embedding_misses_and_hits_are_told_apart(trace, testset):
@@ -166,13 +184,8 @@ def test_recall_against_exact_search_is_below_one_for_the_sparse_index_and_repor
 
 def test_with_index_scans_off_weknoras_query_is_exact_and_the_forced_index_still_misses(dsn, server, testset,
                                                                              monkeypatch_module):
-    cluster = pgcluster.cluster()
-    role = "wknb_test_vectortrace_noindex"
-    cluster.ensure_reader(DB, role, PASSWORD)
-    with cluster.connect() as admin:
-        admin.execute(f"ALTER ROLE {role} SET enable_indexscan = off")
     monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
-    result = trace_queries(cluster.dsn(DB, user=role, password=PASSWORD), ["kb-t"], TestSet.from_records(testset),
+    result = trace_queries(_reader_with("noindex", "enable_indexscan = off"), ["kb-t"], TestSet.from_records(testset),
                            EmbeddingSettings(server, "fixed"), ef_sweep=(10,))
     # WeKnora's query as planned is then an exact search: what it returns is what exact search returns
     assert result.summary["planner_uses_index"] == {str(DIM): False}
@@ -189,15 +202,8 @@ def test_every_search_is_planned_with_its_own_values_whatever_the_plan_cache_wou
     # through it the "forced index" search is a sort of every row (an exact search) and WeKnora's query as planned
     # never uses the index; Postgres takes such a plan after a statement's fifth run when it looks cheaper, and
     # always with plan_cache_mode = force_generic_plan (here on the role). The trace's figures must not change.
-    cluster = pgcluster.cluster()
-    role = "wknb_test_vectortrace_generic"
-    cluster.ensure_reader(DB, role, PASSWORD)
-    with cluster.connect() as admin:
-        admin.execute(f"ALTER ROLE {role} SET plan_cache_mode = force_generic_plan")
-    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
-    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
-    result = trace_queries(cluster.dsn(DB, user=role, password=PASSWORD), ["kb-t"], testset,
-                           EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+    result = _trace(_reader_with("generic", "plan_cache_mode = force_generic_plan"), server, testset,
+                          monkeypatch_module)
     pd.testing.assert_frame_equal(result.queries, trace.queries)
     pd.testing.assert_frame_equal(result.chunks, trace.chunks)
     assert result.summary["recall"]["10"] < 1 and "index_miss" in set(result.chunks["status_index"])
@@ -208,9 +214,7 @@ def test_without_pipeline_mode_the_trace_is_the_same(dsn, server, testset, trace
     import psycopg
 
     monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
-    monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
-    _Embeddings.vectors = {f"query {i}": [float(x) for x in q] for i, q in enumerate(QUERIES)}
-    result = trace_queries(dsn, ["kb-t"], testset, EmbeddingSettings(server, "fixed"), ef_sweep=(10, 40, 400))
+    result = _trace(dsn, server, testset, monkeypatch_module)
     pd.testing.assert_frame_equal(result.queries, trace.queries)
     pd.testing.assert_frame_equal(result.chunks, trace.chunks)
 

@@ -48,7 +48,7 @@ from weknora_nb.core.errors import AuthFailed, ConnectFailed, UsageError
 from weknora_nb.core.integrity import INFO, PROBLEM, Finding
 
 __all__ = ["check_database", "connect_readonly", "weknora_top_k", "weknora_vector_limits", "vector_query_sql",
-           "weknora_search_settings", "set_local", "CUSTOM_PLANS", "vector_indexes", "pgvector_version",
+           "weknora_search_settings", "CUSTOM_PLANS", "vector_indexes", "pgvector_version",
            "iterative_scan_supported", "EMBEDDED_CHUNK_TYPES", "SMALL_KB_ROWS", "VECTOR_INDEX_METHODS", "PgSession",
            "plan_nodes"]
 
@@ -563,13 +563,6 @@ def _groups(run: _Run) -> Iterator[tuple[str, int, int]]:
 CUSTOM_PLANS = {"plan_cache_mode": "force_custom_plan"}
 
 
-def set_local(s: PgSession, settings: Mapping[str, str]) -> None:
-    """``SET LOCAL`` of every one of ``settings`` (name -> value) in one statement (the transaction's own)."""
-    if settings:
-        s.conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)),
-                       [x for item in settings.items() for x in item])
-
-
 @contextmanager
 def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan: str | None,
                             more: Mapping[str, str] | None = None) -> Iterator[None]:
@@ -580,8 +573,10 @@ def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan:
         settings["hnsw.ef_search"] = str(int(ef_search))
     if iterative_scan is not None:
         settings["hnsw.iterative_scan"] = iterative_scan
-    with s.conn.transaction():
-        set_local(s, {**settings, **(more or {})})
+    settings.update(more or {})
+    with s.conn.transaction():   # SET LOCAL of each, in one statement
+        s.conn.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)),
+                       [x for item in settings.items() for x in item])
         yield
 
 

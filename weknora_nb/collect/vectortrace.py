@@ -46,13 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from weknora_nb.collect.pgcheck import (
-    CUSTOM_PLANS,
     PgSession,
     connect_readonly,
     iterative_scan_supported,
     pgvector_version,
     plan_nodes,
-    set_local,
     vector_indexes,
     vector_query_sql,
     weknora_search_settings,
@@ -377,12 +375,8 @@ class _Plan:
                   "inner_limit": k + _TIE_ROOM if exact else max(self.inner, k),
                   "max_distance": 2.0 if exact else self.max_distance, "top_k": k + _TIE_ROOM if exact else k}
         sql = vector_query_sql(dim, enabled_column=self.s.has("embeddings", "is_enabled"))
-        if exact:
-            with self.s.conn.transaction():
-                set_local(self.s, {**CUSTOM_PLANS, **dict.fromkeys(_INDEX_SCANS, "off")})
-                return self.s.conn.execute(sql, params)
-        with weknora_search_settings(self.s, ef, self.iterative, dict.fromkeys(_SEARCH_BY_INDEX, "off") if force
-                                     else None):
+        knobs = dict.fromkeys(_INDEX_SCANS if exact else _SEARCH_BY_INDEX if force else (), "off")
+        with weknora_search_settings(self.s, None if exact else ef, None if exact else self.iterative, knobs):
             return self.s.conn.execute(sql, params)
 
     def uses_index(self, vector: str, dim: int) -> bool:
