@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from weknora_nb.sandbox.pgcluster import _USES, UNUSED_FOR, cluster
+from weknora_nb.sandbox.pgcluster import _USES, UNUSED_FOR, _drop_if_unused, cluster
 
 
 @pytest.fixture
@@ -85,6 +85,32 @@ def test_a_connected_session_or_a_held_build_lock_keeps_an_old_database(names):
     assert connected not in dropped and _exists(connected)
     assert building not in dropped and _exists(building)
     assert {connected, building} <= set(pg.prune())  # once free, they go
+
+
+class _SessionsUnseen:
+    """An admin connection whose look at pg_stat_activity finds no session: a session that connects between
+    that look and the DROP."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def execute(self, query, params=None):
+        if "pg_stat_activity" in query:
+            return self.conn.execute("SELECT 1 WHERE false")
+        return self.conn.execute(query, params)
+
+
+@pytest.mark.slow  # DROP DATABASE waits 5 s for the session to leave before it refuses
+def test_a_session_that_connects_after_the_look_still_keeps_the_database(names):
+    pg = cluster()
+    name = names()
+    pg.ensure_database(name, _build)
+    _age(name, 10)
+    with pg.connect(name) as session, pg.connect() as admin:
+        session.execute("SELECT 1")
+        assert not _drop_if_unused(_SessionsUnseen(admin), name, UNUSED_FOR)
+    assert _exists(name)
+    assert name in pg.prune()
 
 
 def test_a_sandbox_database_built_before_uses_were_recorded_gets_a_week_from_now(names):

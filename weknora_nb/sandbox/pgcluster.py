@@ -206,7 +206,10 @@ def _record_sandbox_databases(admin: Any) -> None:
 
 def _drop_if_unused(admin: Any, name: str, unused_for: timedelta) -> bool:
     """Drop database ``name`` if its build lock is free now, its last use is still older than ``unused_for``
-    under it, and no session is connected to it (no ``FORCE``); whether it was dropped."""
+    under it, and no session is connected to it (no ``FORCE``); whether it was dropped.
+
+    A session seen connected keeps the database at once: ``DROP DATABASE`` would wait 5 s for it to leave
+    before failing. One that connects after that look is still refused by the ``DROP`` (ObjectInUse)."""
     from psycopg import errors, sql
 
     if not admin.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (name,)).fetchone()[0]:
@@ -214,6 +217,9 @@ def _drop_if_unused(admin: Any, name: str, unused_for: timedelta) -> bool:
     try:
         if admin.execute(f"SELECT 1 FROM {_USES} WHERE name = %s AND used_at < now() - %s",
                          (name, unused_for)).fetchone() is None:
+            return False
+        if admin.execute("SELECT 1 FROM pg_stat_activity WHERE datname = %s LIMIT 1", (name,)).fetchone():
+            log.debug("database %s is unused for %s but has a session: kept", name, unused_for)
             return False
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         admin.execute(f"DELETE FROM {_USES} WHERE name = %s", (name,))
