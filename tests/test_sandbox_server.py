@@ -611,6 +611,28 @@ def test_a_search_asked_again_is_run_once_and_each_caller_gets_hits_of_its_own(s
     assert len(runs) == 3  # another search: run anew
 
 
+def test_a_path_asked_the_same_again_asks_postgres_and_bm25_once_and_answers_the_same(server, monkeypatch):
+    engine = server.sandbox.engine
+    store, sent = engine.vectors, []
+    real_search, real_bm25 = store.search, engine._bm25_best
+    monkeypatch.setattr(store, "search", lambda *a, **kw: sent.append(("vector", a[2:])) or real_search(*a, **kw))
+    monkeypatch.setattr(engine, "_bm25_best", lambda *a: sent.append(("keyword", a[1:])) or real_bm25(*a))
+    query = "VPN 连接失败怎么办 (paths)"
+    vector_stage = engine.hybrid_search(query, match_count=50, disable_keyword=True, skip_enrichment=True)
+    keyword_stage = engine.hybrid_search(query, match_count=50, disable_vector=True, skip_enrichment=True)
+    assert len(sent) == 2 and vector_stage and keyword_stage
+    vector_stage[0].score = -1.0  # a caller's change reaches no one else
+    hybrid = engine.hybrid_search(query, match_count=50, skip_enrichment=True)
+    assert len(sent) == 2  # both paths remembered
+    assert [(h.idx, h.score) for h in engine.vector(query, 250)] == \
+        [(engine.index.by_id[c], s) for c, s in real_search(engine.index.embedder(engine.version.embedding_model)
+                                                            .query(query), ["document"], 250, 0.0)]
+    assert {h.idx for h in hybrid} == {h.idx for h in vector_stage} | {h.idx for h in keyword_stage}
+    engine.hybrid_search(query, match_count=50, vector_threshold=0.3, skip_enrichment=True)
+    engine.hybrid_search(query, match_count=10, skip_enrichment=True)
+    assert [kind for kind, _ in sent[2:]] == ["vector", "vector", "keyword"]  # other thresholds or top_k: asked anew
+
+
 def test_go_json_escapes_as_go_in_keys_and_values_and_is_otherwise_json():
     """go_json (sandbox/wire.py, C62): Go's five escapes wherever they stand, as often as they stand, in keys and
     values; the rest is compact UTF-8 JSON that reads back to the object; NaN is refused as Go refuses it."""

@@ -71,6 +71,9 @@ KB_TYPES = ("document", "faq")
 DEFAULT_KB_IDS = {"document": "kb-demo", "faq": "kb-faq"}
 #: knowledge-searches whose hits an engine keeps (see :meth:`RetrievalEngine.knowledge_search`)
 SEARCH_MEMORY = 4096
+#: results of one retrieval path an engine keeps (see :meth:`RetrievalEngine._vector`, ``_keyword``): the
+#: vector or keyword stage and the hybrid stage of a collection ask a path the same for each query
+PATH_MEMORY = 1024
 #: C18: per-path candidates ``min(max(5 n, CANDIDATES_FLOOR) x KBs, CANDIDATES_CAP)``
 CANDIDATES_FACTOR, CANDIDATES_FLOOR, CANDIDATES_CAP = 5, 50, 500
 #: C17 (main): what ``match_count <= 0`` becomes (``DefaultRetrievalTopK``)
@@ -752,6 +755,7 @@ class RetrievalEngine:
         self.deleted = frozenset(index.by_id[c] for c in faults["deleted_chunks"] if c in index.by_id)
         self.unindexed = frozenset(index.by_id[c] for c in faults["without_vectors"] if c in index.by_id)
         self._searches: AnswerMemory[list[Hit]] = AnswerMemory(SEARCH_MEMORY)
+        self._paths: AnswerMemory[tuple[tuple[int, float], ...]] = AnswerMemory(PATH_MEMORY)
 
     @property
     def vectors(self) -> Any:
@@ -922,15 +926,33 @@ class RetrievalEngine:
                 knowledge_ids: Sequence[str] | None) -> list[Hit]:
         """One knowledge base's vector path: WeKnora's query on Postgres (C75; :meth:`VectorStore.search`), the
         ``top_k`` nearest embeddings rows with cosine ``>= threshold``, one hit per row (an FAQ entry may own
-        several); rows of soft-deleted chunks included (dropped after the cut, :meth:`_live`)."""
-        qv = self.index.embedder(self.version.embedding_model).query(query)
-        by_id = self.index.by_id
-        return [Hit(by_id[c], s, MATCH_VECTOR) for c, s in self.vectors.search(qv, [kb], top_k, threshold,
-                                                                                knowledge_ids) if c in by_id]
+        several); rows of soft-deleted chunks included (dropped after the cut, :meth:`_live`).
+
+        The same search (query, knowledge base, ``top_k``, threshold, knowledge ids) is sent to Postgres once
+        and its rows kept (the :data:`PATH_MEMORY` most recently used): the store does not change while the
+        engine serves, and the query and its settings (``hnsw.ef_search`` follows ``top_k``) are the same."""
+        key = ("vector", query, kb, top_k, threshold, None if knowledge_ids is None else tuple(knowledge_ids))
+        found = self._paths.get(key)
+        if found is None:
+            qv = self.index.embedder(self.version.embedding_model).query(query)
+            by_id = self.index.by_id
+            found = tuple((by_id[c], s) for c, s in self.vectors.search(qv, [kb], top_k, threshold, knowledge_ids)
+                          if c in by_id)
+            self._paths.keep(key, found)
+        return [Hit(i, s, MATCH_VECTOR) for i, s in found]
 
     def _keyword(self, query: str, top_k: int, allowed: set[int] | None) -> list[Hit]:
         """The keyword path: BM25 over the document index texts, every chunk matching a query token, best first,
-        ``top_k`` of them; no threshold (C19, C74)."""
+        ``top_k`` of them; no threshold (C19, C74). Kept as the vector path's are (:meth:`_vector`)."""
+        key = ("keyword", query, top_k, None if allowed is None else frozenset(allowed))
+        found = self._paths.get(key)
+        if found is None:
+            found = tuple(self._bm25_best(query, top_k, allowed))
+            self._paths.keep(key, found)
+        return [Hit(i, s, MATCH_KEYWORD) for i, s in found]
+
+    def _bm25_best(self, query: str, top_k: int, allowed: set[int] | None) -> list[tuple[int, float]]:
+        """The keyword path's (chunk position, BM25 score), best first (see :meth:`_keyword`)."""
         v = self.version
         toks = tokenize(query)
         bm = self.index.bm25(v.bm25_k1, v.bm25_b)
@@ -938,12 +960,12 @@ class RetrievalEngine:
             return []
         retriever, rows = bm
         scores = retriever.get_scores(toks)
-        out: list[Hit] = []
+        out: list[tuple[int, float]] = []
         for j in np.argsort(-scores, kind="stable"):
             if scores[j] <= 0 or len(out) >= top_k:
                 break
             if allowed is None or rows[j] in allowed:
-                out.append(Hit(rows[j], float(scores[j]), MATCH_KEYWORD))
+                out.append((rows[j], float(scores[j])))
         return out
 
     def _without_negative_questions(self, hits: list[Hit], query: str) -> list[Hit]:
