@@ -145,8 +145,11 @@ def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, mo
 def test_each_fault_is_recorded_as_its_kind(tmp_path, sandbox, testset, faults, kind):
     sandbox.set_faults(**faults)
     out = tmp_path / "run"
-    s = collect(fast(sandbox.base_url, timeout_s=0.3, max_attempts=2), sandbox.kb_id, testset, out,
-                stages="hybrid,final", repeats=1, concurrency=8, warmup=0, progress=False, inventory=False)
+    # a hung request hangs 3 s, so a shorter timeout cuts every one sooner (the preflight's five calls too, one
+    # after another); the other faults answer at once
+    settings = fast(sandbox.base_url, timeout_s=0.1 if kind == "timeout" else 0.3, max_attempts=2)
+    s = collect(settings, sandbox.kb_id, testset, out, stages="hybrid,final", repeats=1, concurrency=8, warmup=0,
+                progress=False, inventory=False)
     assert not s.complete
     df = read_results(out / "results.parquet")
     assert len(df) == 22 and set(df["status"]) == {kind} and df["chunk_id"].isna().all()
@@ -254,6 +257,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, test
     n_before = len(read_checkpoint(ckpt))
     assert 30 <= n_before < 132
     assert not (killed / "results.parquet").exists()
+    sandbox.set_faults()  # the latency was there to land the kill mid-run; what follows needs none
     resumed = run_cli(common + ["--out", str(killed), "--resume"], env)
     assert resumed.wait(timeout=120) == 0, resumed.stderr.read()
     full = run_cli(common + ["--out", str(tmp_path / "full")], env)

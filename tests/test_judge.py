@@ -411,6 +411,7 @@ def test_kill_9_mid_run_then_rerun_loses_nothing_and_doubles_nothing(tmp_path):
         proc.wait()
         before = len(read_judgements(log_path))
         assert 5 <= before < 30 and (run / ".judge.lock").exists()  # killed mid-run, its lock left behind
+        srv.delay_s = 0
         out = judge_run(run, srv.settings(model="m"), JudgeOptions(repeats=1, concurrency=2))
     records = lines_of(log_path)
     assert out.complete and len(records) == len(set(keys_of(records))) == 30

@@ -15,7 +15,6 @@ import pytest
 import pytrec_eval
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ranx import Qrels, Run, evaluate
 
 from weknora_nb import score
 from weknora_nb.core.testset import TestSet
@@ -83,6 +82,9 @@ SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=SEEDS)
 def test_agrees_with_ranx(seed):
+    # imported here, not at the top: every pytest worker imports every test module, and ranx (numba) takes 2 s
+    from ranx import Qrels, Run, evaluate
+
     ts, res, records, rows = random_case(seed)
     qrels, run = reference_inputs(records, rows)
     ranx_names = {f"ndcg@{k}": f"ndcg_burges@{k}" for k in KS}
