@@ -202,8 +202,8 @@ def test_every_search_is_planned_with_its_own_values_whatever_the_plan_cache_wou
     # through it the "forced index" search is a sort of every row (an exact search) and WeKnora's query as planned
     # never uses the index; Postgres takes such a plan after a statement's fifth run when it looks cheaper, and
     # always with plan_cache_mode = force_generic_plan (here on the role). The trace's figures must not change.
-    result = _trace(_reader_with("generic", "plan_cache_mode = force_generic_plan"), server, testset,
-                          monkeypatch_module)
+    generic = _reader_with("generic", "plan_cache_mode = force_generic_plan")
+    result = _trace(generic, server, testset, monkeypatch_module)
     pd.testing.assert_frame_equal(result.queries, trace.queries)
     pd.testing.assert_frame_equal(result.chunks, trace.chunks)
     assert result.summary["recall"]["10"] < 1 and "index_miss" in set(result.chunks["status_index"])
