@@ -219,6 +219,56 @@ def test_without_pipeline_mode_the_trace_is_the_same(dsn, server, testset, trace
     pd.testing.assert_frame_equal(result.chunks, trace.chunks)
 
 
+def test_in_pipeline_mode_each_search_has_its_settings_in_a_transaction_of_its_own(dsn):
+    # BEGIN and COMMIT go into the pipeline as statements (no wait for the server per search): each search's
+    # SET LOCAL values hold for it alone, and once the pipeline is synced the session is as it was
+    from weknora_nb.collect.pgcheck import connect_readonly, weknora_search_settings
+    from weknora_nb.collect.vectortrace import _pipeline
+
+    s = connect_readonly(dsn)
+    try:
+        show = "SELECT current_setting('hnsw.ef_search'), current_setting('enable_seqscan'), current_setting(" \
+               "'plan_cache_mode')"
+        s.conn.execute("SELECT '[1]'::vector")  # pgvector's library loaded: its settings known to the session
+        before = s.conn.execute(show).fetchone()
+        with _pipeline(s.conn) as pipelined:
+            assert pipelined
+            seen = []
+            for ef, knobs in ((41, {"enable_seqscan": "off"}), (400, None)):
+                with weknora_search_settings(s, ef, "strict_order", knobs, pipelined=True):
+                    seen.append(s.conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting("
+                                               "'enable_seqscan'), current_setting('plan_cache_mode'), now()"))
+            after = s.conn.execute(show)
+        rows = [c.fetchone() for c in seen]
+        assert [r[:3] for r in rows] == [("41", "off", "force_custom_plan"), ("400", "on", "force_custom_plan")]
+        assert before[0] not in ("41", "400") and before[2] != "force_custom_plan"
+        assert rows[0][3] != rows[1][3]  # two transactions (now() is the start of its transaction)
+        assert after.fetchone() == before and s.conn.info.transaction_status.name == "IDLE"
+    finally:
+        s.conn.close()
+
+
+def test_a_search_failing_in_the_pipeline_raises_its_error_and_leaves_the_session_usable(dsn):
+    import psycopg
+
+    from weknora_nb.collect.pgcheck import connect_readonly, weknora_search_settings
+    from weknora_nb.collect.vectortrace import _pipeline
+
+    s = connect_readonly(dsn)
+    try:
+        s.conn.execute("SELECT '[1]'::vector")
+        before = s.conn.execute("SELECT current_setting('hnsw.ef_search')").fetchone()
+        with pytest.raises(psycopg.errors.DivisionByZero), _pipeline(s.conn):
+            with weknora_search_settings(s, 41, "strict_order", pipelined=True):
+                s.conn.execute("SELECT 1 / 0")
+            with weknora_search_settings(s, 400, "strict_order", pipelined=True):
+                s.conn.execute("SELECT 1")
+        assert s.conn.info.transaction_status.name == "IDLE"  # the aborted transaction was rolled back
+        assert s.conn.execute("SELECT current_setting('hnsw.ef_search')").fetchone() == before != ("41",)
+    finally:
+        s.conn.close()
+
+
 def test_queries_of_another_dimension_than_the_rows_are_warned_about(dsn, server, monkeypatch_module):
     monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
     _Embeddings.vectors = {"short": [1.0] * 8}

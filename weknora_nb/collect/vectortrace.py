@@ -19,7 +19,9 @@ For each query, :func:`trace_queries` embeds its text with the knowledge base's 
 Each search is planned with its own values (``plan_cache_mode = force_custom_plan``): a generic plan of the
 statement, which Postgres may keep once it has run five times, cannot use the index's ``WHERE dimension = N``,
 so that every search "through the index" was a sort of every row (recall 1.0) from about the second query on. A
-query's searches are sent in one pipeline: one wait for the server per query, not one per statement.
+query's searches are sent in one pipeline, each in a transaction of its own whose ``BEGIN`` and ``COMMIT`` are
+statements of the pipeline: one wait for the server per query, not one per statement (psycopg's ``transaction()``
+would sync the pipeline twice per search).
 
 Per (query, relevant chunk, K), for K in (the TopK WeKnora asks its vector path for, 10): ``status`` (as
 planned) and ``status_index`` (through the index): ``hit`` (the top-K rows hold a row of the chunk),
@@ -39,8 +41,8 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -363,20 +365,23 @@ class _Plan:
             by.setdefault(cid, []).append(np.array(text.strip("[]").split(","), dtype=np.float32))
         return by
 
-    def send(self, vector: str, dim: int, *, exact: bool, ef: int | None = None, force: bool = False) -> Any:
+    def send(self, vector: str, dim: int, *, exact: bool, ef: int | None = None, force: bool = False,
+             pipelined: bool = False) -> Any:
         """Send one search, in a transaction of its own, and return its cursor, whose rows are (id, source id, chunk id,
         knowledge base, distance), best first: exact (no index, ``max(K)`` rows and room for ties) or as WeKnora asks
         it (its inner LIMIT, ``ef``, strict-order iterative scan, threshold), as planned or (``force``) through the
         vector index: sequential scans and sorts off, only its ordered scan is left. Each is planned with its values
         (:data:`~weknora_nb.collect.pgcheck.CUSTOM_PLANS`). In the connection's pipeline mode nothing waits for the
-        server here: the rows are there once the pipeline is synced."""
+        server here (``pipelined``: its transaction too, see :func:`_pipeline`): the rows are there once the pipeline
+        is synced."""
         k = self.cutoffs[0]
         params = {"vector": vector, "dimension": dim, "kb_ids": self.kb_ids,
                   "inner_limit": k + _TIE_ROOM if exact else max(self.inner, k),
                   "max_distance": 2.0 if exact else self.max_distance, "top_k": k + _TIE_ROOM if exact else k}
         sql = vector_query_sql(dim, enabled_column=self.s.has("embeddings", "is_enabled"))
         knobs = dict.fromkeys(_INDEX_SCANS if exact else _SEARCH_BY_INDEX if force else (), "off")
-        with weknora_search_settings(self.s, None if exact else ef, None if exact else self.iterative, knobs):
+        with weknora_search_settings(self.s, None if exact else ef, None if exact else self.iterative, knobs,
+                                     pipelined=pipelined):
             return self.s.conn.execute(sql, params)
 
     def uses_index(self, vector: str, dim: int) -> bool:
@@ -399,9 +404,10 @@ class _Plan:
         text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
         if dim not in self.planner:
             self.planner[dim] = self.uses_index(text, dim)
-        with _pipeline(self.s.conn):   # the query's searches sent at once: one wait for the server, not one each
-            sent = [self.send(text, dim, exact=True), self.send(text, dim, exact=False, ef=self.ef)]
-            sent += [self.send(text, dim, exact=False, ef=ef, force=True) for ef in self.sweep]
+        with _pipeline(self.s.conn) as p:   # the query's searches sent at once: one wait for the server, not one each
+            sent = [self.send(text, dim, exact=True, pipelined=p),
+                    self.send(text, dim, exact=False, ef=self.ef, pipelined=p)]
+            sent += [self.send(text, dim, exact=False, ef=ef, force=True, pipelined=p) for ef in self.sweep]
         exact, planned, *swept = [[(r[0], r[2], float(r[4])) for r in cursor.fetchall()] for cursor in sent]
         runs = dict(zip(self.sweep, swept, strict=True))
         if not exact:
@@ -424,12 +430,27 @@ class _Plan:
         return chunk_rows, recall_rows
 
 
-def _pipeline(conn: Any) -> AbstractContextManager[Any]:
+@contextmanager
+def _pipeline(conn: Any) -> Iterator[bool]:
     """``conn``'s pipeline mode where its libpq has one (14 or later: psycopg's binary package bundles one), else
-    nothing: the statements then wait for the server one by one."""
+    nothing (the statements then wait for the server one by one); yields whether it pipelines. A search that fails
+    in the pipeline leaves its transaction open (:func:`~weknora_nb.collect.pgcheck.weknora_search_settings`): it
+    is rolled back here before the error goes on."""
     import psycopg
 
-    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
+    if not psycopg.Pipeline.is_supported():
+        yield False
+        return
+    try:
+        with conn.pipeline():
+            yield True
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                conn.rollback()
+            except psycopg.Error as exc:   # a lost connection: the error that broke the search goes on
+                log.debug("rollback after a failed search: %s", exc)
+        raise
 
 
 def _status(rank: int | None, k: int, found_exact: bool) -> str:
