@@ -231,11 +231,11 @@ def test_in_pipeline_mode_each_search_has_its_settings_in_a_transaction_of_its_o
                "'plan_cache_mode')"
         s.conn.execute("SELECT '[1]'::vector")  # pgvector's library loaded: its settings known to the session
         before = s.conn.execute(show).fetchone()
-        with _pipeline(s.conn) as pipelined:
-            assert pipelined
+        with _pipeline(s.conn):
+            assert s.conn.info.pipeline_status.name == "ON"
             seen = []
             for ef, knobs in ((41, {"enable_seqscan": "off"}), (400, None)):
-                with weknora_search_settings(s, ef, "strict_order", knobs, pipelined=True):
+                with weknora_search_settings(s, ef, "strict_order", knobs):
                     seen.append(s.conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting("
                                                "'enable_seqscan'), current_setting('plan_cache_mode'), now()"))
             after = s.conn.execute(show)
@@ -259,9 +259,9 @@ def test_a_search_failing_in_the_pipeline_raises_its_error_and_leaves_the_sessio
         s.conn.execute("SELECT '[1]'::vector")
         before = s.conn.execute("SELECT current_setting('hnsw.ef_search')").fetchone()
         with pytest.raises(psycopg.errors.DivisionByZero), _pipeline(s.conn):
-            with weknora_search_settings(s, 41, "strict_order", pipelined=True):
+            with weknora_search_settings(s, 41, "strict_order"):
                 s.conn.execute("SELECT 1 / 0")
-            with weknora_search_settings(s, 400, "strict_order", pipelined=True):
+            with weknora_search_settings(s, 400, "strict_order"):
                 s.conn.execute("SELECT 1")
         assert s.conn.info.transaction_status.name == "IDLE"  # the aborted transaction was rolled back
         assert s.conn.execute("SELECT current_setting('hnsw.ef_search')").fetchone() == before != ("41",)

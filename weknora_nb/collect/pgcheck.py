@@ -565,15 +565,15 @@ CUSTOM_PLANS = {"plan_cache_mode": "force_custom_plan"}
 
 @contextmanager
 def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan: str | None,
-                            more: Mapping[str, str] | None = None, *, pipelined: bool = False) -> Iterator[None]:
+                            more: Mapping[str, str] | None = None) -> Iterator[None]:
     """A transaction with WeKnora's ``SET LOCAL hnsw.ef_search`` and ``hnsw.iterative_scan`` (None: left as is),
     the settings of ``more``, and :data:`CUSTOM_PLANS`, set in one statement.
 
-    ``pipelined``: the connection is in pipeline mode, and ``BEGIN`` and ``COMMIT`` go into the pipeline as
-    statements of their own, as WeKnora's transaction sends them. psycopg's ``transaction()`` there syncs the
-    pipeline as it opens and closes (a wait for the server per search: 0.4 ms of a search's 1 ms on loopback).
-    An error (the server's surfaces when the pipeline syncs) leaves the transaction open: whoever opened the
-    pipeline rolls it back (``vectortrace._pipeline``)."""
+    In the connection's pipeline mode ``BEGIN`` and ``COMMIT`` go into the pipeline as statements of their own,
+    as WeKnora's transaction sends them: psycopg's ``transaction()`` there syncs the pipeline as it opens and
+    closes (a wait for the server per search: 0.4 ms of a search's 1 ms on loopback). An error (the server's
+    surfaces when the pipeline syncs) leaves the transaction open: whoever opened the pipeline rolls it back
+    (``vectortrace._pipeline``)."""
     settings = dict(CUSTOM_PLANS)
     if ef_search is not None:
         settings["hnsw.ef_search"] = str(int(ef_search))
@@ -582,7 +582,7 @@ def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan:
     settings.update(more or {})
     set_local = ("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)),   # SET LOCAL of each
                  [x for item in settings.items() for x in item])
-    if not pipelined:
+    if not s.conn.info.pipeline_status:   # PipelineStatus.OFF
         with s.conn.transaction():
             s.conn.execute(*set_local)
             yield

@@ -365,23 +365,21 @@ class _Plan:
             by.setdefault(cid, []).append(np.array(text.strip("[]").split(","), dtype=np.float32))
         return by
 
-    def send(self, vector: str, dim: int, *, exact: bool, ef: int | None = None, force: bool = False,
-             pipelined: bool = False) -> Any:
+    def send(self, vector: str, dim: int, *, exact: bool, ef: int | None = None, force: bool = False) -> Any:
         """Send one search, in a transaction of its own, and return its cursor, whose rows are (id, source id, chunk id,
         knowledge base, distance), best first: exact (no index, ``max(K)`` rows and room for ties) or as WeKnora asks
         it (its inner LIMIT, ``ef``, strict-order iterative scan, threshold), as planned or (``force``) through the
         vector index: sequential scans and sorts off, only its ordered scan is left. Each is planned with its values
         (:data:`~weknora_nb.collect.pgcheck.CUSTOM_PLANS`). In the connection's pipeline mode nothing waits for the
-        server here (``pipelined``: its transaction too, see :func:`_pipeline`): the rows are there once the pipeline
-        is synced."""
+        server here, for its transaction neither (see :func:`_pipeline`): the rows are there once the pipeline is
+        synced."""
         k = self.cutoffs[0]
         params = {"vector": vector, "dimension": dim, "kb_ids": self.kb_ids,
                   "inner_limit": k + _TIE_ROOM if exact else max(self.inner, k),
                   "max_distance": 2.0 if exact else self.max_distance, "top_k": k + _TIE_ROOM if exact else k}
         sql = vector_query_sql(dim, enabled_column=self.s.has("embeddings", "is_enabled"))
         knobs = dict.fromkeys(_INDEX_SCANS if exact else _SEARCH_BY_INDEX if force else (), "off")
-        with weknora_search_settings(self.s, None if exact else ef, None if exact else self.iterative, knobs,
-                                     pipelined=pipelined):
+        with weknora_search_settings(self.s, None if exact else ef, None if exact else self.iterative, knobs):
             return self.s.conn.execute(sql, params)
 
     def uses_index(self, vector: str, dim: int) -> bool:
@@ -404,10 +402,9 @@ class _Plan:
         text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
         if dim not in self.planner:
             self.planner[dim] = self.uses_index(text, dim)
-        with _pipeline(self.s.conn) as p:   # the query's searches sent at once: one wait for the server, not one each
-            sent = [self.send(text, dim, exact=True, pipelined=p),
-                    self.send(text, dim, exact=False, ef=self.ef, pipelined=p)]
-            sent += [self.send(text, dim, exact=False, ef=ef, force=True, pipelined=p) for ef in self.sweep]
+        with _pipeline(self.s.conn):   # the query's searches sent at once: one wait for the server, not one each
+            sent = [self.send(text, dim, exact=True), self.send(text, dim, exact=False, ef=self.ef)]
+            sent += [self.send(text, dim, exact=False, ef=ef, force=True) for ef in self.sweep]
         exact, planned, *swept = [[(r[0], r[2], float(r[4])) for r in cursor.fetchall()] for cursor in sent]
         runs = dict(zip(self.sweep, swept, strict=True))
         if not exact:
@@ -431,19 +428,19 @@ class _Plan:
 
 
 @contextmanager
-def _pipeline(conn: Any) -> Iterator[bool]:
+def _pipeline(conn: Any) -> Iterator[None]:
     """``conn``'s pipeline mode where its libpq has one (14 or later: psycopg's binary package bundles one), else
-    nothing (the statements then wait for the server one by one); yields whether it pipelines. A search that fails
+    nothing (the statements then wait for the server one by one). A search that fails
     in the pipeline leaves its transaction open (:func:`~weknora_nb.collect.pgcheck.weknora_search_settings`): it
     is rolled back here before the error goes on."""
     import psycopg
 
     if not psycopg.Pipeline.is_supported():
-        yield False
+        yield
         return
     try:
         with conn.pipeline():
-            yield True
+            yield
     except BaseException:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
