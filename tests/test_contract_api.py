@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from weknora_nb.collect.transport import default_tls
 from weknora_nb.core.weknora import ERROR_CODES
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
@@ -72,7 +73,8 @@ def call(sb: SandboxServer, method: str, path: str, *, key: str | None = KEY, he
          **kw: Any) -> httpx.Response:
     """One request to ``sb`` with ``key`` in ``X-API-Key`` (None: no key)."""
     h = {"X-API-Key": key} if key is not None else {}
-    return httpx.request(method, sb.base_url + path, headers={**h, **(headers or {})}, timeout=30, **kw)
+    return httpx.request(method, sb.base_url + path, headers={**h, **(headers or {})}, timeout=30,
+                         verify=default_tls(), **kw)
 
 
 def envelope_error(r: httpx.Response, code: int) -> dict[str, Any]:

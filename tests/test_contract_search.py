@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from weknora_nb.collect.transport import default_tls
 from weknora_nb.core.weknora import effective_retrieval_config
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.chunking import Chunk, corpus_chunks, index_text
@@ -83,7 +84,7 @@ def baseline(serve, mini_versions):
 
 
 def client(server: SandboxServer) -> httpx.Client:
-    return httpx.Client(base_url=server.base_url, headers={"X-API-Key": KEY}, timeout=30)
+    return httpx.Client(base_url=server.base_url, headers={"X-API-Key": KEY}, timeout=30, verify=default_tls())
 
 
 def hybrid(server: SandboxServer, **body) -> httpx.Response:

@@ -23,6 +23,7 @@ from weknora_nb import cli
 from weknora_nb.analysis.privacy import id_card_ok, luhn_ok
 from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect.history import fetch_history, parse_time
+from weknora_nb.collect.transport import default_tls
 from weknora_nb.core.weknora import ERROR_CODES
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.auth import FIRST_USER_ID
@@ -114,7 +115,8 @@ def servers(history_kb: Path, embedding_cache: Path) -> Iterator[Callable[..., S
 
 
 def call(sb: SandboxServer, method: str, path: str, *, key: str = KEY, **kw: Any) -> httpx.Response:
-    return httpx.request(method, sb.base_url + path, headers={"X-API-Key": key}, timeout=30, **kw)
+    return httpx.request(method, sb.base_url + path, headers={"X-API-Key": key}, timeout=30,
+                         verify=default_tls(), **kw)
 
 
 def envelope_error(r: httpx.Response, code: int) -> dict[str, Any]:

@@ -5,6 +5,7 @@ session holds them."""
 from __future__ import annotations
 
 import secrets
+import time
 from datetime import timedelta
 
 import pytest
@@ -39,6 +40,16 @@ def _exists(name: str) -> bool:
         return admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
 
 
+def _sessions_gone(name: str, seconds: float = 30.0) -> None:
+    """Wait until the server has seen every session on ``name`` end: a closed connection's backend leaves
+    ``pg_stat_activity`` a moment after the client returns (Postgres ends it asynchronously)."""
+    deadline = time.monotonic() + seconds
+    with cluster().connect() as admin:
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone():
+            assert time.monotonic() < deadline, f"a session on {name} is still there after {seconds} s"
+            time.sleep(0.02)
+
+
 def _age(name: str, days: float) -> None:
     with cluster().connect() as admin:
         admin.execute(f"UPDATE {_USES} SET used_at = now() - %s WHERE name = %s", (timedelta(days=days), name))
@@ -51,6 +62,7 @@ def test_a_database_unused_for_a_week_is_dropped_and_a_recent_one_kept(names):
         pg.ensure_database(name, _build)
     _age(old, 8)
     _age(recent, 6)
+    _sessions_gone(old)  # the build's session
     dropped = pg.prune()
     assert old in dropped and not _exists(old)
     assert recent not in dropped and _exists(recent)
@@ -65,6 +77,7 @@ def test_a_use_counts_as_new_and_a_dropped_database_is_built_again(names):
     pg.ensure_database(name, _build)  # asked for again: its clock starts anew
     assert name not in pg.prune()
     _age(name, 30)
+    _sessions_gone(name)
     assert name in pg.prune()
     pg.ensure_database(name, _build)  # needed later: built again, nothing lost but the time
     with pg.connect(name) as db:
@@ -84,6 +97,7 @@ def test_a_connected_session_or_a_held_build_lock_keeps_an_old_database(names):
         builder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (building,))
     assert connected not in dropped and _exists(connected)
     assert building not in dropped and _exists(building)
+    _sessions_gone(connected)
     assert {connected, building} <= set(pg.prune())  # once free, they go
 
 
@@ -110,6 +124,7 @@ def test_a_session_that_connects_after_the_look_still_keeps_the_database(names):
         session.execute("SELECT 1")
         assert not _drop_if_unused(_SessionsUnseen(admin), name, UNUSED_FOR)
     assert _exists(name)
+    _sessions_gone(name)
     assert name in pg.prune()
 
 

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from weknora_nb.collect.transport import default_tls
 from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
 from weknora_nb.sandbox import FaultConfig, SandboxServer, load_versions
 from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder
@@ -36,7 +37,7 @@ def server(cache_dir):
 @pytest.fixture
 def client(server):
     server.set_faults()
-    with httpx.Client(base_url=server.base_url, headers={"X-API-Key": KEY}, timeout=10) as c:
+    with httpx.Client(base_url=server.base_url, headers={"X-API-Key": KEY}, timeout=10, verify=default_tls()) as c:
         yield c
     server.set_faults()
 

@@ -24,7 +24,7 @@ import trustme
 
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient
 from weknora_nb.collect.retry import run_to_end
-from weknora_nb.collect.transport import Transport, async_client
+from weknora_nb.collect.transport import Transport, async_client, default_tls
 from weknora_nb.core.errors import ConnectFailed, ProtocolFailed, RequestTimeout
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"a\": \"b\"}\n"
@@ -313,6 +313,26 @@ def test_tls_is_verified_against_the_context_given(tls_server):
     assert asyncio.run(get(trusted, "localhost")).json() == {"a": "b"}
     with pytest.raises(httpx.ConnectError, match="certificate"):  # the system's CAs do not know this one
         asyncio.run(get(True))
+
+
+def test_clients_share_one_default_context_which_follows_ssl_cert_file(tls_server, tmp_path, monkeypatch):
+    """Without ``verify``, clients share :func:`default_tls` (one CA-store load per process), and a change of
+    ``SSL_CERT_FILE`` is a new context, as httpx's own default would be."""
+    port, ca = tls_server
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+
+    async def get() -> httpx.Response:
+        async with async_client(timeout=httpx.Timeout(5)) as c:
+            return await c.get(f"https://127.0.0.1:{port}/x")
+
+    assert default_tls() is default_tls()
+    with pytest.raises(httpx.ConnectError, match="certificate"):
+        asyncio.run(get())
+    pem = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    assert default_tls() is default_tls() and asyncio.run(get()).json() == {"a": "b"}
 
 
 def test_a_proxy_from_the_environment_is_used_through_httpx_own_transport(monkeypatch):

@@ -189,7 +189,8 @@ class WeKnoraClient:
 
     def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None,
                  ssl_context: ssl.SSLContext | None = None):
-        """``ssl_context``: share one between clients (building one loads the CA store, about 20 ms)."""
+        """``ssl_context``: the TLS verification (default: httpx's, one context shared by the process's
+        clients, :func:`~weknora_nb.collect.transport.default_tls`)."""
         self.settings = settings
         self._rng = rng or random.Random()
         headers = {"X-API-Key": settings.api_key(), "Accept": "application/json", **settings.extra_headers}
@@ -207,7 +208,7 @@ class WeKnoraClient:
             base_url=base_url, headers=headers, auth=httpx.BasicAuth(*auth) if auth else None,
             params=httpx.QueryParams(query),
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            verify=ssl_context if ssl_context is not None else True,
+            verify=ssl_context if ssl_context is not None else True,   # True: the shared default
             limits=httpx.Limits(max_connections=settings.max_connections,
                                 max_keepalive_connections=settings.max_connections))
 

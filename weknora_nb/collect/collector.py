@@ -74,7 +74,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import httpx
 import numpy as np
 import pandas as pd
 
@@ -501,11 +500,8 @@ async def _lanes(args: _Arguments) -> AsyncIterator[list[WeKnoraClient]]:
     """
     n_lanes = -(-args.concurrency // LANE_SIZE)
     per_lane = replace(args.settings, max_connections=-(-args.concurrency // n_lanes))
-    # one SSL context for all pools: the CA store is loaded once (about 20 ms, blocking, but a
-    # one-off before any request is in flight)
-    tls = httpx.create_ssl_context()
-    async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(WeKnoraClient(per_lane, ssl_context=tls)) for _ in range(n_lanes)]
+    async with contextlib.AsyncExitStack() as stack:   # the lanes share the process's SSL context (default_tls)
+        yield [await stack.enter_async_context(WeKnoraClient(per_lane)) for _ in range(n_lanes)]
 
 
 # -- steps 3 to 6: plan, probe, warm-up, requests ----------------------------------------

@@ -42,6 +42,9 @@ when they are built.
 
 from __future__ import annotations
 
+import functools
+import os
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -49,7 +52,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-__all__ = ["async_client", "httpx_error", "Transport"]
+__all__ = ["async_client", "default_tls", "httpx_error", "Transport"]
 
 #: what a transport failure can surface as, before :func:`httpx_error` maps it
 _FAILURES = (aiohttp.ClientError, httpx.TransportError, TimeoutError)
@@ -58,8 +61,24 @@ _FAILURES = (aiohttp.ClientError, httpx.TransportError, TimeoutError)
 def async_client(**kwargs: Any) -> httpx.AsyncClient:
     """An :class:`httpx.AsyncClient` (``kwargs``: its arguments) whose direct connections go through aiohttp: at most
     ``limits.max_connections`` of them open, idle ones closed after ``limits.keepalive_expiry`` s, TLS verified with
-    ``verify`` (share one context between clients: building one loads the CA store, about 20 ms)."""
+    ``verify``; httpx's default (``verify=True``) is :func:`default_tls`, shared by the clients of the process."""
+    if kwargs.get("verify", True) is True and kwargs.get("trust_env", True) and not kwargs.get("cert"):
+        # (a client certificate would be loaded into the context: it keeps a context of its own)
+        kwargs["verify"] = default_tls()
     return _Client(**kwargs)
+
+
+def default_tls() -> ssl.SSLContext:
+    """The SSL context of httpx's default verification (certifi's CA store, or ``SSL_CERT_FILE`` /
+    ``SSL_CERT_DIR`` when set), built once per process for each value of those variables: building one loads
+    the CA store, about 20 ms of CPU, which every client would otherwise pay (a context is safe to share)."""
+    return _tls(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.lru_cache(maxsize=4)
+def _tls(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """httpx's default context while the variables hold these values (the key of the cache)."""
+    return httpx.create_ssl_context()
 
 
 class _Client(httpx.AsyncClient):
