@@ -25,6 +25,7 @@ from weknora_nb.core import run as core_run
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.results import read_results, write_results
 from weknora_nb.reports import notebook as wn
+from weknora_nb.reports import render as render_module
 from weknora_nb.reports.render import (
     CACHE_FOLDER,
     ReportRequest,
@@ -342,7 +343,7 @@ def test_a_second_rendering_reuses_the_cache_and_a_changed_run_is_rendered_anew(
     page = (out / "b" / "02_metrics.html").read_text(encoding="utf-8")
     results = read_results(b / "results.parquet")
     write_results(results[results["rank"] != 1], b / "results.parquet")
-    render_reports(requests(a, b, out, CACHED), jobs=2)
+    render_reports(requests(a, b, out, CACHED)[1:], jobs=2)   # b's report again (a's would come from the cache)
     assert (out / "b" / "02_metrics.html").read_text(encoding="utf-8") != page
     assert {p.name for p in cache.glob("run-*.pickle.z")} != {n for n in stored if n.startswith("run-")}
 
@@ -361,6 +362,18 @@ def test_report_refuses_no_jobs(two_runs, capsys):
     a, _ = two_runs
     assert cli.main(["report", "--run", str(a), "--jobs", "0"]) == 2
     assert "argument --jobs: must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_report_refuses_unknown_notebooks_and_those_the_run_has_no_data_for(two_runs, capsys):
+    a, _ = two_runs
+    for given in ("bogus,02_metrics", ",", "../../evil"):
+        assert cli.main(["report", "--run", str(a), "--notebooks", given]) == 2
+        err = capsys.readouterr().err
+        assert ("argument --notebooks: each name must be one of " + ", ".join(render_module.NOTEBOOKS)) in err, err
+        assert f"Got {given!r} instead." in err and err.count("\n") == 1
+    assert cli.main(["report", "--run", str(a), "--notebooks", "02_metrics,06_answers"]) == 2
+    err = capsys.readouterr().err
+    assert f"--notebooks: 06_answers needs answers.jsonl in {a}" in err and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -317,17 +317,20 @@ def test_each_kernel_has_its_sockets_and_connection_file_in_a_private_folder_rem
 
 @pytest.mark.slow
 def test_reports_rendered_at_once_on_runs_of_one_folder_all_succeed(tmp_path):
-    """Three ``weknora-nb report`` processes at once (two collide often, three nearly always, before
-    each kernel had a private folder); nothing of the kernels is left in the runs folder."""
+    """Three ``weknora-nb report`` processes at once, two kernels each (two processes collided often, three
+    nearly always, before each kernel had a private folder); nothing of the kernels is left in the runs folder.
+    Each renders the two notebooks named (``--notebooks``): the pages asked for, no other."""
     ts = craft_testset(tmp_path)
     runs = tmp_path / "runs"
     names = ["a", "b", "c"]
     dirs = [craft_run(runs, name, ts, stages=["vector", "final"], seed=i) for i, name in enumerate(names)]
     before = {p.name for p in runs.iterdir()}
     env = {k: v for k, v in os.environ.items() if k != "WEKNORA_API_KEY"}
+    asked = ["03_stratify", "01_collect"]
     procs = [subprocess.Popen([sys.executable, "-m", "weknora_nb", "report", "--run", str(d), "--out",
-                               str(tmp_path / "reports")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=tmp_path) for d in dirs]
+                               str(tmp_path / "reports"), "--jobs", "2", "--notebooks", ",".join(asked)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+             for d in dirs]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
@@ -335,4 +338,6 @@ def test_reports_rendered_at_once_on_runs_of_one_folder_all_succeed(tmp_path):
     assert {p.name for p in runs.iterdir()} == before  # no socket, no connection file in the runs folder
     for name in names:
         pages = {p.name for p in (tmp_path / "reports" / name).glob("*.html")}
-        assert pages >= {f"{nb}.html" for nb in notebooks_for(runs / name)}
+        assert pages == {"index.html"} | {f"{nb}.html" for nb in asked}
+        index = (tmp_path / "reports" / name / "index.html").read_text(encoding="utf-8")
+        assert index.index("03_stratify.html") < index.index("01_collect.html")  # in the order asked

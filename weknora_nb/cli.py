@@ -140,6 +140,18 @@ def _domain_adjustment(text: str) -> float:
     return value
 
 
+@_argument_type
+def _notebook_names(text: str) -> tuple[str, ...]:
+    """An argparse ``type`` for comma-separated notebook names (``NOTEBOOKS`` of weknora_nb/reports/render.py),
+    each once, in the order given."""
+    from weknora_nb.reports.render import NOTEBOOKS
+
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or any(n not in NOTEBOOKS for n in names):
+        raise UsageError(argument="each name", allowed=NOTEBOOKS, got=text)
+    return names
+
+
 def _port(text: str) -> int:
     """An argparse ``type`` for a TCP port, 0-65535 (0: a free one)."""
     try:
@@ -450,15 +462,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from weknora_nb.reports.render import render_report
+    from weknora_nb.reports.render import NEEDS, NOTEBOOKS, notebooks_for, render_report
 
     _check_run_folder("--run", args.run)
     for baseline in args.baseline or []:
         _check_run_folder("--baseline", baseline)
+    notebooks = args.notebooks or NOTEBOOKS
+    if args.notebooks and (missing := [n for n in args.notebooks if n not in notebooks_for(args.run, args.notebooks)]):
+        raise UsageError(f"--notebooks: {', '.join(missing)} needs {', '.join(sorted({NEEDS[n] for n in missing}))} "
+                         f"in {args.run} (a run collected with a chat stage)")
     parameters = {"stage": args.stage, "domain_adjustment": args.domain_adjustment}
     try:
         report = render_report(args.run, args.baseline or [], out_root=args.out, no_input=args.no_input,
-                               parameters=parameters, jobs=args.jobs)
+                               notebooks=notebooks, parameters=parameters, jobs=args.jobs)
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the pages rendered so far are kept, the index page is not written; "
                           "run the command again to render the report") from None
@@ -663,6 +679,9 @@ def _add_report(sub: Subparsers) -> None:
                    help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
     r.add_argument("--jobs", type=_int_at_least(1), default=None, metavar="N",
                    help="notebooks executed at once (default: one per core; 1: one after another)")
+    r.add_argument("--notebooks", type=_notebook_names, default=None, metavar="NAMES",
+                   help="only these notebooks, comma-separated, e.g. 02_metrics,05_compare (default: every one "
+                        "the run has data for)")
     r.set_defaults(func=_cmd_report)
 
 
