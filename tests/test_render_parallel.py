@@ -80,12 +80,18 @@ def outputs(executed: Path) -> list:
 # ---------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_reports_rendered_in_parallel_equal_those_rendered_one_notebook_after_another(two_runs, tmp_path):
+    """Two reports sharing the kernels (the baseline's two pages, then the version's five), rendered by one
+    kernel one notebook after another and by three at once: the same notebooks, pages and index pages."""
     a, b = two_runs
-    seq = render_reports(requests(a, b, tmp_path / "seq"), jobs=1)
-    par = render_reports(requests(a, b, tmp_path / "par"), jobs=3)
-    for s, p in zip(seq, par, strict=True):
-        assert list(s.pages) == list(p.pages) == list(NOTEBOOKS)  # the order of the pages
-        for nb in NOTEBOOKS:
+    pages = (NOTEBOOKS[:2], NOTEBOOKS)
+
+    def both(out: Path) -> list[ReportRequest]:
+        return [ReportRequest(a, (), out, notebooks=pages[0]), ReportRequest(b, (a,), out, notebooks=pages[1])]
+    seq = render_reports(both(tmp_path / "seq"), jobs=1)
+    par = render_reports(both(tmp_path / "par"), jobs=3)
+    for s, p, notebooks in zip(seq, par, pages, strict=True):
+        assert list(s.pages) == list(p.pages) == list(notebooks)  # the order of the pages
+        for nb in notebooks:
             assert outputs(s.folder / f"{nb}.ipynb") == outputs(p.folder / f"{nb}.ipynb"), nb
             assert html(s.pages[nb]) == html(p.pages[nb]), nb
         assert s.index.read_bytes() == p.index.read_bytes()
