@@ -468,7 +468,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for baseline in args.baseline or []:
         _check_run_folder("--baseline", baseline)
     notebooks = args.notebooks or NOTEBOOKS
-    if args.notebooks and (missing := [n for n in args.notebooks if n not in notebooks_for(args.run, args.notebooks)]):
+    missing = [n for n in notebooks if n not in notebooks_for(args.run, notebooks)] if args.notebooks else []
+    if missing:   # asked for by name, not just skipped as the default set skips them
         raise UsageError(f"--notebooks: {', '.join(missing)} needs {', '.join(sorted({NEEDS[n] for n in missing}))} "
                          f"in {args.run} (a run collected with a chat stage)")
     parameters = {"stage": args.stage, "domain_adjustment": args.domain_adjustment}

@@ -62,8 +62,10 @@ def async_client(**kwargs: Any) -> httpx.AsyncClient:
     """An :class:`httpx.AsyncClient` (``kwargs``: its arguments) whose direct connections go through aiohttp: at most
     ``limits.max_connections`` of them open, idle ones closed after ``limits.keepalive_expiry`` s, TLS verified with
     ``verify``; httpx's default (``verify=True``) is :func:`default_tls`, shared by the clients of the process."""
-    if kwargs.get("verify", True) is True and kwargs.get("trust_env", True) and not kwargs.get("cert"):
-        # (a client certificate would be loaded into the context: it keeps a context of its own)
+    shareable = not kwargs.get("cert") and not kwargs.get("http2")
+    if kwargs.get("verify", True) is True and kwargs.get("trust_env", True) and shareable:
+        # (httpx loads a client certificate into the context, and httpcore sets the context's ALPN protocols to
+        # HTTP/1.1 alone, or with h2 when http2: a client that does either keeps a context of its own)
         kwargs["verify"] = default_tls()
     return _Client(**kwargs)
 
