@@ -18,6 +18,7 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -197,6 +198,18 @@ def test_figures_show_names_holding_dollar_signs_literally():
     labels = [t.get_text() for t in made[1].axes[0].get_yticklabels()]
     assert sorted(labels) == sorted(MATH)
     assert made[2].axes[0].get_title() == MATH[2]
+
+
+@pytest.mark.parametrize(("low", "high", "shown"), [(0.5, 2000.0, {"1", "10", "100", "1000"}),
+                                                   (12.0, 80.0, {"20", "30", "40", "60"}),
+                                                   (3.0, 40000.0, {"10", "100", "1000", "10000"})])
+def test_log_axes_are_labelled_in_plain_numbers(low, high, shown):
+    """With math text off (names holding $), a log axis keeps readable labels: matplotlib's own are math text."""
+    fig = figures.latency_cdf({"v": np.geomspace(low, high, 50)})
+    fig.savefig(io.BytesIO(), format="png")  # the labels are set at the draw
+    ax = fig.axes[0]
+    labels = {t.get_text() for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True)} - {""}
+    assert labels >= shown and not any("$" in t or "mathdefault" in t for t in labels), labels
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from weknora_nb.core.pipeline import stage_order
 from weknora_nb.reports.tables import TIER_COLOURS
 
 __all__ = ["use_cjk_font", "figure_style", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
-           "delta_bars", "paired_scatter", "latency_cdf"]
+           "delta_bars", "paired_scatter", "latency_cdf", "log_scale"]
 
 log = logging.getLogger(__name__)
 _SYSTEM_CJK = ("Noto Sans CJK SC", "Noto Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Source Han Sans SC",
@@ -74,6 +74,18 @@ def figure_style() -> None:
 def _fig(width: float = 8, height: float = 4):
     figure_style()
     return plt.subplots(figsize=(width, height), layout="constrained")
+
+
+def log_scale(ax, axis: str = "x") -> None:
+    """Put ``ax``'s ``axis`` ("x" or "y") on a log scale whose tick labels are plain text (``10``, ``100``,
+    ``20``...). matplotlib's own labels for a log axis are math text (``$\\mathdefault{10^{2}}$``), which the
+    style's ``text.parse_math`` off would show as written; the plain formatter labels the same ticks."""
+    from matplotlib.ticker import LogFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    scale = getattr(ax, f"{axis}axis")
+    scale.set_major_formatter(LogFormatter())
+    scale.set_minor_formatter(LogFormatter(labelOnlyBase=False))
 
 
 def _done(fig):
@@ -213,7 +225,7 @@ def latency_cdf(latencies: dict[str, np.ndarray]):
     ax.axhline(0.95, color="grey", lw=0.6, ls="--")
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("share of requests")
-    ax.set_xscale("log")
+    log_scale(ax)
     ax.legend(fontsize=8)
     ax.set_title("Latency")
     return _done(fig)

@@ -20,7 +20,7 @@ from IPython.display import HTML
 from weknora_nb.core.errors import ResultsError, reading
 from weknora_nb.core.run import VECTOR_TRACE_SUMMARY
 from weknora_nb.reports import safe
-from weknora_nb.reports.figures import _done, _fig
+from weknora_nb.reports.figures import _done, _fig, log_scale
 
 __all__ = ["read_trace_summary", "vector_store_table", "ef_sweep"]
 
@@ -72,7 +72,7 @@ def ef_sweep(run_dirs: Iterable[str | Path], k: str = "10") -> Any:
         ef = (s.get("weknora") or {}).get("ef_search")
         if ef is not None:
             ax.axvline(ef, color="grey", linestyle=":", linewidth=1)
-    ax.set_xscale("log")
+    log_scale(ax)
     ax.set_xlabel("hnsw.ef_search (dotted: WeKnora's for this query size)")
     ax.set_ylabel(f"index recall@{k} vs exact")
     ax.set_ylim(min(0.9, ax.get_ylim()[0]), 1.005)
