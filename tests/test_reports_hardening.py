@@ -212,6 +212,40 @@ def test_log_axes_are_labelled_in_plain_numbers(low, high, shown):
     assert labels >= shown and not any("$" in t or "mathdefault" in t for t in labels), labels
 
 
+def _stage_table(stages: list[str], metrics: list[str]) -> pd.DataFrame:
+    """A metric table as tables.metric_table gives it: every mean near 1 (the tallest bars), its interval."""
+    rows = [{"stage": st, "metric": m, "mean": 0.98 - 0.05 * i, "ci_low": 0.9 - 0.05 * i, "ci_high": 1.0,
+             "tier": "pass"} for i, st in enumerate(stages) for m in metrics]
+    return pd.DataFrame(rows)
+
+
+def test_the_stage_legend_covers_no_bar_and_the_funnel_values_no_interval():
+    stages = ["vector", "keyword", "hybrid", "final", "citations"]
+    table = _stage_table(stages, ["recall@5", "recall@10", "hit@5"])
+    fig = figures.metric_bars(table)
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    assert not legend.overlaps(fig.axes[0].get_window_extent())  # beside the axes: no bar under it
+
+    fig = figures.recall_funnel(table)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text()]
+    assert len(labels) == len(stages)
+    for t in labels:
+        assert t.get_position()[0] > 1.0 and ax.get_xlim()[1] > t.get_position()[0]  # right of ci_high, shown
+
+
+def test_cause_bars_stay_readable_with_every_cause_and_stage():
+    causes = [f"cause {i}" for i in range(17)]
+    summary = pd.DataFrame({st: range(1, 18) for st in ["vector", "keyword", "hybrid", "final", "citations"]},
+                           index=causes)
+    fig = figures.cause_bars(summary)
+    fig.canvas.draw()
+    thickness = [p.get_window_extent().height for p in fig.axes[0].patches]
+    assert len(thickness) == 85 and min(thickness) >= 4  # pixels, at the figure's dpi
+
+
 @pytest.mark.slow
 def test_notebooks_render_names_holding_dollar_signs_and_braces(tmp_path):
     ts = craft_testset(tmp_path, text="$\\frac{", tag="$x^$", query_type="a$b$c")

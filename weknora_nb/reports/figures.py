@@ -113,7 +113,7 @@ def metric_bars(table: pd.DataFrame, *, title: str = "Metrics by stage (95 % CI)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("mean over valid queries")
     ax.set_title(title)
-    ax.legend(ncols=min(len(stages), 5), fontsize=8)
+    fig.legend(loc="outside right upper", fontsize=8)  # beside the axes: inside, it covered the tallest bars
     return _done(fig)
 
 
@@ -131,9 +131,10 @@ def recall_funnel(table: pd.DataFrame, metric: str = "recall@10",
     ax.barh(stages[::-1], vals[::-1], color="#4575b4",
             xerr=np.vstack([(t.loc[stages, "mean"] - t.loc[stages, "ci_low"]).to_numpy()[::-1],
                             (t.loc[stages, "ci_high"] - t.loc[stages, "mean"]).to_numpy()[::-1]]), capsize=3)
-    for y, v in enumerate(vals[::-1]):
-        ax.text(v + 0.01, y, f"{v:.3f}", va="center", fontsize=9)
-    ax.set_xlim(0, 1.1)
+    highs = t.loc[stages, "ci_high"].to_numpy()[::-1]
+    for y, (v, high) in enumerate(zip(vals[::-1], highs, strict=True)):   # past the interval, not under it
+        ax.text(np.nanmax([v, high]) + 0.015, y, f"{v:.3f}", va="center", fontsize=9)
+    ax.set_xlim(0, 1.15)
     ax.set_title(f"{metric} along the pipeline")
     return _done(fig)
 
@@ -169,10 +170,11 @@ def heatmap(table: pd.DataFrame, *, value: str = "mean", title: str = ""):
 
 
 def cause_bars(summary: pd.DataFrame):
-    """Degraded queries by cause, one bar colour per stage."""
-    fig, ax = _fig(8, 3.5)
+    """Degraded queries by cause, one bar colour per stage; the figure grows with the causes and stages (0.06 in
+    per bar, at least 3.5 in) so that each bar stays readable."""
     body = summary.drop(index="degraded queries", errors="ignore")
-    body.plot.barh(ax=ax)
+    fig, ax = _fig(8, max(3.5, 0.06 * body.size + 1.2))
+    body.plot.barh(ax=ax, width=0.8)   # of each cause's slot, shared by its stages
     ax.invert_yaxis()
     ax.set_xlabel("degraded queries with this cause")
     ax.set_title("Causes of degraded queries")
