@@ -79,3 +79,7 @@ def test_group_gain_chart(comparison):
     labels = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels()), strict=True), reverse=True)
     assert [text for _, text in labels] == ["query_type: factual (n 60)", "query_type: procedural (n 60)",
                                             "tag: frequent (n 30)", "tag: rare (n 5)"]  # top to bottom
+    assert "after Holm across the groups" in ax.get_xlabel()  # why an interval clear of 0 may be hollow
+    fig.canvas.draw()
+    shown = ax.xaxis.label.get_window_extent()
+    assert fig.bbox.x0 <= shown.x0 and shown.x1 <= fig.bbox.x1  # the whole sentence inside the figure
