@@ -52,8 +52,11 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
             craft_run(runs, "b", ts, stages=["vector", "final"], seed=1))
 
 
-def requests(a: Path, b: Path, out: Path, notebooks: tuple[str, ...] = NOTEBOOKS) -> list[ReportRequest]:
-    return [ReportRequest(a, (), out, notebooks=notebooks), ReportRequest(b, (a,), out, notebooks=notebooks)]
+def requests(a: Path, b: Path, out: Path, notebooks: tuple[str, ...] = NOTEBOOKS,
+             a_notebooks: tuple[str, ...] | None = None) -> list[ReportRequest]:
+    """``a``'s report alone (its ``a_notebooks``, default ``notebooks``) and ``b``'s against ``a``."""
+    return [ReportRequest(a, (), out, notebooks=notebooks if a_notebooks is None else a_notebooks),
+            ReportRequest(b, (a,), out, notebooks=notebooks)]
 
 
 #: what differs between any two renderings, parallel or not: the id papermill gives the injected-parameters
@@ -84,11 +87,8 @@ def test_reports_rendered_in_parallel_equal_those_rendered_one_notebook_after_an
     kernel one notebook after another and by three at once: the same notebooks, pages and index pages."""
     a, b = two_runs
     pages = (NOTEBOOKS[:2], NOTEBOOKS)
-
-    def both(out: Path) -> list[ReportRequest]:
-        return [ReportRequest(a, (), out, notebooks=pages[0]), ReportRequest(b, (a,), out, notebooks=pages[1])]
-    seq = render_reports(both(tmp_path / "seq"), jobs=1)
-    par = render_reports(both(tmp_path / "par"), jobs=3)
+    seq = render_reports(requests(a, b, tmp_path / "seq", a_notebooks=pages[0]), jobs=1)
+    par = render_reports(requests(a, b, tmp_path / "par", a_notebooks=pages[0]), jobs=3)
     for s, p, notebooks in zip(seq, par, pages, strict=True):
         assert list(s.pages) == list(p.pages) == list(notebooks)  # the order of the pages
         for nb in notebooks:

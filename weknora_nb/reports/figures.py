@@ -126,14 +126,11 @@ def recall_funnel(table: pd.DataFrame, metric: str = "recall@10",
     """
     fig, ax = _fig(7, 3.5)
     t = table[table["metric"] == metric].set_index("stage")
-    stages = stage_order(t.index, definitions)
-    vals = t.loc[stages, "mean"].to_numpy()
-    ax.barh(stages[::-1], vals[::-1], color="#4575b4",
-            xerr=np.vstack([(t.loc[stages, "mean"] - t.loc[stages, "ci_low"]).to_numpy()[::-1],
-                            (t.loc[stages, "ci_high"] - t.loc[stages, "mean"]).to_numpy()[::-1]]), capsize=3)
-    highs = t.loc[stages, "ci_high"].to_numpy()[::-1]
-    for y, (v, high) in enumerate(zip(vals[::-1], highs, strict=True)):   # past the interval, not under it
-        ax.text(np.nanmax([v, high]) + 0.015, y, f"{v:.3f}", va="center", fontsize=9)
+    rows = t.loc[stage_order(t.index, definitions)[::-1]]   # bottom to top: the pipeline's first stage on top
+    mean, low, high = (rows[c].to_numpy() for c in ("mean", "ci_low", "ci_high"))
+    ax.barh(list(rows.index), mean, color="#4575b4", xerr=np.vstack([mean - low, high - mean]), capsize=3)
+    for y, (v, h) in enumerate(zip(mean, high, strict=True)):   # past the interval, not under it
+        ax.text(np.nanmax([v, h]) + 0.015, y, f"{v:.3f}", va="center", fontsize=9)
     ax.set_xlim(0, 1.15)
     ax.set_title(f"{metric} along the pipeline")
     return _done(fig)
