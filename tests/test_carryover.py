@@ -214,3 +214,75 @@ def test_the_demo_check_sheets_hold_the_sample_the_rules_draw_today(rule, tmp_pa
     assert counts is not None
     right, wrong, rows = counts["random sample (half + double)"]
     assert rows == 50 and right + wrong == 50
+
+
+# -- the linking and explaining, against their plain formulation (analysis/carryover.py's module docstring) ------
+def plain_links(old: pd.DataFrame, new: pd.DataFrame, n: int) -> list[dict]:
+    """Every (old, new) pair of one knowledge, its n-grams compared pair by pair: shared = sum over the n-grams of
+    min(old count, new count); an old chunk's own n-grams are those no other old chunk holds. Rows in the order
+    the workbench gives them: by new chunk, then by the first of the new chunk's n-grams (in its text's order)
+    the old chunk holds, then by old chunk."""
+    from collections import Counter
+
+    from weknora_nb.analysis.carryover import COVERS, INSIDE, LINK_NEW, LINK_OLD, MIN_OWN, PURE, ngrams
+
+    og = [ngrams(normalise(t), n) for t in old["content"]]
+    ng = [ngrams(normalise(t), n) for t in new["content"]]
+    holders = Counter(g for grams in og for g in grams)
+    rows = []
+    for j, b in enumerate(ng):
+        order = {g: p for p, g in enumerate(b)}
+        pairs = []
+        for i, a in enumerate(og):
+            common = [g for g in b if g in a]
+            if not common:
+                continue
+            s = sum(min(a[g], b[g]) for g in common)
+            own = sum(min(a[g], b[g]) for g in common if holders[g] == 1)
+            own_size = sum(c for g, c in a.items() if holders[g] == 1)
+            size_o, size_n = sum(a.values()), sum(b.values())
+            if own_size >= max(MIN_OWN, 0.1 * size_o):
+                cov, own_new = own / own_size, own / size_n
+                linked = own_new >= LINK_NEW or cov >= LINK_OLD
+            else:
+                cov, own_new = s / size_o, s / size_n
+                linked = (own_new >= PURE and cov >= COVERS) or cov >= INSIDE
+            if linked:
+                pairs.append((min(order[g] for g in common), i, {
+                    "old_chunk_id": old["chunk_id"].iloc[i], "new_chunk_id": new["chunk_id"].iloc[j],
+                    "knowledge": "doc", "old_in_new": s / size_o, "new_from_old": s / size_n, "coverage": cov,
+                    "own_new": own_new}))
+        rows += [r for *_, r in sorted(pairs, key=lambda p: p[:2])]
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_links_equal_the_pair_by_pair_formulation_on_random_rechunkings(seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pieces = ["".join(rng.choice(list("网关节点内存缓存令牌校验错误部署"), size=int(rng.integers(5, 40))))
+              for _ in range(12)]                                    # a small alphabet: n-grams repeat and overlap
+    old = inventory({f"o{i}": "".join(rng.choice(pieces, size=int(rng.integers(1, 4)))) for i in range(10)})
+    new = inventory({f"n{i}": "".join(rng.choice(pieces, size=int(rng.integers(1, 4)))) for i in range(10)})
+    got = link_chunks(old, new, n=3).to_dict("records")
+    want = plain_links(old, new, 3)
+    assert got == want and len(want) > 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_explained_is_the_share_of_the_new_chunks_ngrams_in_the_union_of_its_sources(seed):
+    from collections import Counter
+
+    import numpy as np
+
+    from weknora_nb.analysis.carryover import _explained
+
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        new = Counter({g: int(c) for g, c in zip("abcdefgh", rng.integers(0, 4, size=8), strict=True) if c})
+        sources = [Counter({g: int(c) for g, c in zip("abcdefgh", rng.integers(0, 4, size=8), strict=True) if c})
+                   for _ in range(int(rng.integers(1, 4)))]
+        total = sum(new.values())
+        want = sum(min(c, max(s.get(g, 0) for s in sources)) for g, c in new.items()) / total if total else 0.0
+        assert _explained(new, sources) == want
