@@ -756,14 +756,11 @@ def _per_query_table(requests: pd.DataFrame, values: dict[str, np.ndarray], name
                      has_latency: bool) -> pd.DataFrame:
     """One row per scored request: ids, one column per metric, list counts, latency (when
     the results carry it)."""
-    per_query = requests.loc[requests["scored"], ["query_id", "stage", "repeat", "n_returned", "n_duplicates",
-                                                  "latency_ms"]].reset_index(drop=True)
-    for name, v in values.items():
-        per_query[name] = v
-    if not has_latency:
-        per_query = per_query.drop(columns="latency_ms")
-    return per_query[["query_id", "stage", "repeat", *names,
-                      *[c for c in ("n_returned", "n_duplicates", "latency_ms") if c in per_query]]]
+    counts = ["n_returned", "n_duplicates", *(["latency_ms"] if has_latency else [])]
+    scored = requests.loc[requests["scored"], ["query_id", "stage", "repeat", *counts]].reset_index(drop=True)
+    metrics = pd.DataFrame({name: values[name] for name in names}, index=scored.index)
+    # joined once (a column inserted per metric copies the table's index and blocks each time)
+    return pd.concat([scored[["query_id", "stage", "repeat"]], metrics, scored[counts]], axis=1)
 
 
 def _excluded_table(ts_q: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
