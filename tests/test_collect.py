@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -232,9 +233,9 @@ def test_torn_checkpoint_tail_is_dropped(tmp_path):
     assert p.read_text() == good + "\n"
 
 
-def run_cli(args, env):
+def run_cli(args, env, text=True):
     return subprocess.Popen([sys.executable, "-m", "weknora_nb", "collect", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text)
 
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, testset):
@@ -290,8 +291,10 @@ def test_cli_exit_codes(tmp_path, sandbox, testset):
     env = {**os.environ, "WEKNORA_API_KEY": KEY}
     args = ["--base-url", sandbox.base_url, "--kb-id", sandbox.kb_id, "--testset", str(ts_path), "--stages",
             "final", "--repeats", "1", "--warmup", "0", "--quiet", "--max-attempts", "1"]
-    ok = run_cli(args + ["--out", str(tmp_path / "a")], env)
-    assert ok.wait(timeout=60) == 0 and "final" in ok.stdout.read()
+    ok = run_cli([a for a in args if a != "--quiet"] + ["--out", str(tmp_path / "a")], env, text=False)
+    assert ok.wait(timeout=60) == 0 and b"final" in ok.stdout.read()
+    progress = ok.stderr.read()   # bytes from a pipe, as in a CI job's log: the bar as lines, never redrawn in place
+    assert b"\r" not in progress and re.search(rb"^collecting .*100%.*\|", progress, re.M), progress
     sandbox.set_faults(error_rate=1.0)
     bad = run_cli(args + ["--out", str(tmp_path / "b")], env)
     assert bad.wait(timeout=60) == 1 and "INCOMPLETE" in bad.stdout.read()

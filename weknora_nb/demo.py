@@ -39,6 +39,7 @@ from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
 from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
 from weknora_nb.core.errors import RunExistsError, UsageError
+from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, ReportRequest, render_reports, write_overview
 from weknora_nb.sandbox import SandboxServer, VersionConfig, build_index, demo_dir, load_demo_versions
@@ -133,9 +134,7 @@ def _weight(job: VersionJob) -> tuple[bool, bool, int]:
 def _wait_for_versions(futures: list[Future[RunSummary]], names: list[str], progress: bool) -> None:
     """Wait until every future is done or one failed (then cancel those not started), a bar of finished versions
     shown (``progress``)."""
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(futures), desc="measuring versions", unit="version", disable=not progress)
+    bar = progress_bar(total=len(futures), desc="measuring versions", unit="version", disable=not progress)
     pending: set[Future[RunSummary]] = set(futures)
     try:
         while pending:

@@ -89,6 +89,7 @@ from weknora_nb.collect.sessions import delete_sessions
 from weknora_nb.collect.stages import DEFAULT_SELECTION, Stage, resolve_stages
 from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, StorageError, UsageError, writing
 from weknora_nb.core.files import atomic_path
+from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.results import write_results
 from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS, read_manifest
 from weknora_nb.core.testset import TestSet, load_testset
@@ -617,9 +618,7 @@ async def _run_requests(lanes: list[WeKnoraClient], args: _Arguments, run: _Run,
 
 
 def _progress_bar(total: int, name: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"collecting {name}", unit="req")
+    return progress_bar(total=total, desc=f"collecting {name}", unit="req")
 
 
 async def _request_record(client: WeKnoraClient, req: _Request, args: _Arguments) -> dict[str, Any]:

@@ -83,6 +83,7 @@ from weknora_nb.core.errors import (
     writing,
 )
 from weknora_nb.core.files import atomic_path
+from weknora_nb.core.progress import progress_bar
 
 __all__ = ["JUDGEMENTS", "JUDGE_MANIFEST", "PAIRWISE_DIR", "RULE_JUDGE_MODEL", "TOKEN_RULE", "JudgeOptions",
            "AnswerItem", "JudgeOutcome", "load_answers", "judge_run", "judge_pairwise", "read_judgements"]
@@ -602,9 +603,7 @@ def _estimate(jobs: list[Job], done: dict[Key, dict[str, Any]], options: JudgeOp
 
 
 def _progress_bar(total: int, mode: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"judging ({mode})", unit="judgement", file=sys.stderr)
+    return progress_bar(total=total, desc=f"judging ({mode})", unit="judgement")
 
 
 def _command() -> list[str]:

@@ -74,6 +74,7 @@ from weknora_nb.core.errors import (
     UsageError,
     writing,
 )
+from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.run import VECTOR_TRACE, VECTOR_TRACE_QUERIES, VECTOR_TRACE_SUMMARY
 
 if TYPE_CHECKING:
@@ -336,13 +337,11 @@ class _Plan:
     def run(self, items: list[TraceQuery], vectors: list[list[float]],
             progress: bool | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Every query's chunk rows and recall rows."""
-        from tqdm.auto import tqdm
-
         chunk_rows: list[tuple[Any, ...]] = []
         query_rows: list[tuple[Any, ...]] = []
         relevant = sorted({c for q in items for c in q.relevant})
         own = self._vectors_of(relevant)
-        bar = tqdm(total=len(items), desc="tracing queries", unit="query",
+        bar = progress_bar(total=len(items), desc="tracing queries", unit="query",
                    disable=not (progress if progress is not None else len(items) > 50))
         for q, v in zip(items, vectors, strict=True):
             c, r = self.one(q, v, own)

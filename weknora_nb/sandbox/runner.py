@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weknora_nb.core.errors import SandboxError, UsageError
+from weknora_nb.core.progress import progress_bar
 from weknora_nb.sandbox.auth import ApiKey
 from weknora_nb.sandbox.chunking import corpus_chunks
 from weknora_nb.sandbox.emulation import WeKnoraRelease, release
@@ -102,12 +103,10 @@ def _progress_bars() -> Callable[[str, int, int], None]:
     bars: dict[str, Any] = {}
 
     def progress(model: str, done: int, total: int) -> None:
-        from tqdm.auto import tqdm
-
         if model not in bars:
             if done >= total:  # everything came from the cache: no bar
                 return
-            bars[model] = tqdm(total=total, initial=done, desc=f"embedding chunks ({model})", unit="chunk")
+            bars[model] = progress_bar(total=total, initial=done, desc=f"embedding chunks ({model})", unit="chunk")
         bars[model].update(done - bars[model].n)
         if done >= total:
             bars[model].close()
