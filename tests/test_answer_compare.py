@@ -86,3 +86,28 @@ def test_a_run_without_answers_has_no_answer_metrics(tmp_path):
     run = Run(tmp_path, {"run_name": "r"}, res, TS, score(TS, res, ["ndcg@5"]))
     assert answer_values(run).empty
     assert compare_answers(run, run).empty
+
+
+def test_answer_values_are_computed_once_per_run_and_again_when_its_files_change(runs, monkeypatch):
+    import weknora_nb.analysis.answers as answers
+
+    a, b = runs
+    computed = []
+    real = answers._answer_values
+    monkeypatch.setattr(answers, "_answer_values", lambda run, stage: computed.append(run.name) or real(run, stage))
+    for _ in range(3):
+        values = answer_values(a)
+        assert values.loc["q00", "judge.correctness"] == pytest.approx(7 / 3)
+        values.loc["q00", "judge.correctness"] = -1.0   # the caller's copy: changing it changes nothing kept
+    assert computed == ["a"]
+    assert answer_values(b).loc["q05", "judge.correctness"] == 4.0 and computed == ["a", "b"]
+    judged = a.path / "judgements.jsonl"   # the judge resumed: its torn last line written whole, one more judgement
+    lines = judged.read_text(encoding="utf-8").splitlines()[:-1]
+    judged.write_text("\n".join([*lines, json.dumps({
+        "query_id": "q01", "stage": "citations", "repeat": 1, "judge_repeat": 4, "status": "judged",
+        "scores": {"correctness": 5, "faithfulness": 4, "relevance": 4}})]) + "\n", encoding="utf-8")
+    assert answer_values(a).loc["q01", "judge.correctness"] == pytest.approx((2 + 2 + 3 + 5) / 4)
+    assert computed == ["a", "b", "a"]
+    twin = Run(a.path, a.manifest, a.results, a.testset, a.scores)   # another run object: its own values
+    answer_values(twin)
+    assert computed == ["a", "b", "a", "a"]

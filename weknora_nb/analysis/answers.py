@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -305,7 +306,36 @@ def answer_values(run: Run, *, stage: str = "citations") -> pd.DataFrame:
     """Per valid query (index ``query_id``): the mean over its answers (the collector's repeats) of
     every answer metric the run folder holds: ``judge.<criterion>`` from ``judgements.jsonl`` (an
     answer's score is the mean of its judge repeats; failed judgements left out) and the citation
-    metrics of :mod:`weknora_nb.analysis.citations` from ``answers.jsonl``. Empty when it holds neither."""
+    metrics of :mod:`weknora_nb.analysis.citations` from ``answers.jsonl``. Empty when it holds neither.
+
+    Computed once per run object, stage and state of those two files (their size and modification
+    time): a comparison page asks for the same run's values from several tables."""
+    files = tuple(_file_state(run.path / name) for name in (ANSWERS, JUDGEMENTS))
+    kept = _values_kept.get(id(run))
+    if kept is not None and kept[0]() is run and kept[1] == (stage, files):
+        return kept[2].copy()
+    values = _answer_values(run, stage)
+    if kept is None or kept[0]() is not run:
+        weakref.finalize(run, _values_kept.pop, id(run), None)
+    _values_kept[id(run)] = (weakref.ref(run), (stage, files), values)
+    return values.copy()
+
+
+#: the last :func:`answer_values` of each run object: (a reference to check it is that run, (stage, files), values)
+_values_kept: dict[int, tuple[weakref.ref, tuple[str, tuple], pd.DataFrame]] = {}
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, modification time in ns) of ``path``, None when there is no such file."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _answer_values(run: Run, stage: str) -> pd.DataFrame:
+    """:func:`answer_values`, computed."""
     from weknora_nb.analysis.citations import citation_scores
 
     parts = []

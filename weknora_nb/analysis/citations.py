@@ -131,6 +131,16 @@ def _citation_ndcg(testset: TestSet, rows: pd.DataFrame) -> np.ndarray:
     return got.reindex(pd.MultiIndex.from_arrays([rows["query_id"], rows["repeat"]])).to_numpy()
 
 
+def _references(results: pd.DataFrame) -> dict[tuple[str, int], list[str]]:
+    """Each (query, repeat)'s returned chunk ids in rank order: those of ``results``' rows by rank, gathered per
+    request in that order (as a groupby of the rows sorted by rank gathers them, without a Python call per group)."""
+    rows = results.dropna(subset=["chunk_id"]).sort_values("rank")
+    refs: dict[tuple[str, int], list[str]] = {}
+    for q, r, c in zip(rows["query_id"].astype(str), rows["repeat"], rows["chunk_id"].astype(str), strict=True):
+        refs.setdefault((q, r), []).append(c)
+    return refs
+
+
 def citation_scores(run: Run, answers: pd.DataFrame, *, stage: str = "citations") -> CitationScores:
     """Score every answer of ``stage`` (``answers`` as :func:`weknora_nb.core.answers.read_answers` reads)."""
     ts = run.testset
@@ -138,7 +148,7 @@ def citation_scores(run: Run, answers: pd.DataFrame, *, stage: str = "citations"
                                            strict=True)}
     n_rel = ts.queries.set_index("query_id")["n_relevant"]
     res = run.results[(run.results["stage"] == stage) & (run.results["status"] == "ok")]
-    refs = res.dropna(subset=["chunk_id"]).sort_values("rank").groupby(["query_id", "repeat"])["chunk_id"].agg(list)
+    refs = _references(res)
     failed = run.results[(run.results["stage"] == stage) & (run.results["status"] != "ok")]
     a = answers[answers["stage"] == stage].copy()
     valid = a["query_id"].isin(ts.valid_ids)
