@@ -132,6 +132,37 @@ def test_figures_are_embedded(reports, nb):
 
 
 @pytest.mark.slow
+def test_each_figure_is_described_in_its_alt_text(reports):
+    """Every image carries its figure's description (titles, axes, series: figures.describe), escaped, never
+    nbconvert's "No description has been provided for this image"."""
+    described = {}
+    for nb, path in reports[1].pages.items():
+        page = path.read_text(encoding="utf-8")
+        images = re.findall(r"<img[^>]*>", page)
+        alts = [re.search(r'alt="([^"]*)"', img) for img in images]
+        assert all(alts) and "No description has been provided" not in page, nb
+        described[nb] = [a.group(1) for a in alts if a]
+    assert described["02_metrics"][0].startswith("Metrics by stage (95 % CI); y: mean over valid queries")
+    assert any(a.startswith("Latency; x: latency (ms); y: share of requests; series: ")
+               for a in described["01_collect"])
+    assert any("Causes of degraded queries" in a for a in described["04_degraded"])
+
+
+@pytest.mark.slow
+def test_the_answers_page_shows_the_chat_stage_whatever_focus_stage_the_command_sets(reports, capsys):
+    from weknora_nb import cli
+
+    tmp, _, _ = reports
+    for extra in ([], ["--stage", "final"]):
+        out = tmp / f"cli-answers{len(extra)}"
+        assert cli.main(["report", "--run", str(tmp / "runs" / "rerank"), "--notebooks", "06_answers", "--out",
+                         str(out), *extra]) == 0
+        page = (out / "rerank" / "06_answers.html").read_text(encoding="utf-8")
+        shown = re.search(r"(\d+) answers at stage (\w+)", page)
+        assert shown and int(shown.group(1)) > 0 and shown.group(2) == "citations", extra
+
+
+@pytest.mark.slow
 def test_tier_colours_and_counts_in_the_metric_report(reports):
     page = reports[1].pages["02_metrics"].read_text(encoding="utf-8")
     assert "background-color: #" in page and any(c in page for c in ("#1a9850", "#91cf60", "#fee08b", "#f46d43"))

@@ -388,3 +388,24 @@ def test_reports_rendered_at_once_on_runs_of_one_folder_all_succeed(tmp_path):
         assert pages == {"index.html"} | {f"{nb}.html" for nb in asked}
         index = (tmp_path / "reports" / name / "index.html").read_text(encoding="utf-8")
         assert index.index("03_stratify.html") < index.index("01_collect.html")  # in the order asked
+
+
+def test_a_figure_is_described_by_its_titles_axes_and_series():
+    import matplotlib.pyplot as plt
+
+    from weknora_nb.reports.figures import describe
+
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([0, 1], label="基线 <baseline>")
+    a.plot([1, 0], label="rerank")
+    a.legend()
+    a.set_title("召回 recall@10\n along the pipeline")
+    a.set_xlabel("rank")
+    b.set_ylabel("queries")
+    fig.suptitle("Versions side by side")
+    assert describe(fig) == ("Versions side by side | 召回 recall@10 along the pipeline; x: rank; "
+                             "series: 基线 <baseline>, rerank | y: queries")
+    plt.close(fig)
+    empty = plt.figure()
+    assert describe(empty) == "a figure"
+    plt.close(empty)

@@ -28,8 +28,8 @@ from matplotlib import font_manager
 from weknora_nb.core.pipeline import stage_order
 from weknora_nb.reports.tables import TIER_COLOURS
 
-__all__ = ["use_cjk_font", "figure_style", "metric_bars", "recall_funnel", "distributions", "heatmap", "cause_bars",
-           "delta_bars", "paired_scatter", "latency_cdf", "log_scale"]
+__all__ = ["use_cjk_font", "figure_style", "describe", "metric_bars", "recall_funnel", "distributions", "heatmap",
+           "cause_bars", "delta_bars", "paired_scatter", "latency_cdf", "log_scale"]
 
 log = logging.getLogger(__name__)
 _SYSTEM_CJK = ("Noto Sans CJK SC", "Noto Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Source Han Sans SC",
@@ -86,6 +86,32 @@ def log_scale(ax, axis: str = "x") -> None:
     scale = getattr(ax, f"{axis}axis")
     scale.set_major_formatter(LogFormatter())
     scale.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+
+
+def describe(fig) -> str:
+    """``fig`` in words, for a report's alt text: the figure's title, then each panel's title, axis labels
+    and series (legend entries), panels separated by `` | ``. What a reader who cannot see the figure needs
+    to know what it shows; its values are in the tables beside it."""
+    def text(artist) -> str:
+        return " ".join(artist.get_text().split()) if artist is not None else ""
+
+    def series(legend) -> list[str]:
+        return [text(t) for t in legend.get_texts()] if legend is not None else []
+
+    panels = []
+    for ax in fig.axes:
+        title, x, y = text(ax.title), text(ax.xaxis.label), text(ax.yaxis.label)
+        parts = [p for p in (title, f"x: {x}" if x else "", f"y: {y}" if y else "") if p]
+        names = series(ax.get_legend())
+        if names:
+            parts.append("series: " + ", ".join(names))
+        if parts:
+            panels.append("; ".join(parts))
+    names = [n for legend in fig.legends for n in series(legend)]
+    if names:
+        panels.append("series: " + ", ".join(names))
+    head = text(fig._suptitle) if getattr(fig, "_suptitle", None) is not None else ""
+    return " | ".join([p for p in (head, *panels) if p]) or "a figure"
 
 
 def _done(fig):

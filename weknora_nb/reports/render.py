@@ -203,8 +203,27 @@ def kernel_setup() -> None:
 
     plt.close(plt.figure())  # the inline backend is set up by the first figure
     figure_style()
+    _describe_figures()
     _KERNEL_STATE.update(rc=matplotlib.rcParams.copy(), filters=list(warnings.filters), env=dict(os.environ),
                          path=list(sys.path))
+
+
+def _describe_figures() -> None:
+    """In a kernel: each figure shown carries its description (:func:`weknora_nb.reports.figures.describe`) as
+    the image's metadata, which the reports' template writes as its alt text. The image is the inline backend's,
+    byte for byte."""
+    from IPython import get_ipython
+    from matplotlib.figure import Figure
+
+    from weknora_nb.reports.figures import describe
+
+    png = get_ipython().display_formatter.formatters["image/png"]
+    draw = png.lookup_by_type(Figure)
+
+    def with_description(fig: Figure) -> Any:
+        data = draw(fig)
+        return data if data is None else (data, {"alt": describe(fig)})
+    png.for_type(Figure, with_description)
 
 
 def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
@@ -407,9 +426,9 @@ def _exporter(no_input: bool) -> Any:
     """nbconvert's HTML exporter of the reports (JupyterLab's template; ``no_input``: code cells and prompts hidden)."""
     from nbconvert import HTMLExporter
 
-    logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's alt-text notice on every figure
-    return HTMLExporter(template_name="lab", exclude_input=no_input, exclude_input_prompt=no_input,
-                        exclude_output_prompt=no_input)
+    logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's notice of an image without alt text
+    return HTMLExporter(template_name="report", extra_template_basedirs=[str(Path(__file__).parent / "templates")],
+                        exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
 
 
 def _to_html(nb: Any, html_path: Path, exporter: Any) -> None:
