@@ -308,7 +308,7 @@ def answer_values(run: Run, *, stage: str = "citations") -> pd.DataFrame:
     answer's score is the mean of its judge repeats; failed judgements left out) and the citation
     metrics of :mod:`weknora_nb.analysis.citations` from ``answers.jsonl``. Empty when it holds neither.
 
-    Computed once per run object, stage and state of those two files (their size and modification
+    Computed once per run object, stage and state of those two files (inode, size and modification
     time): a comparison page asks for the same run's values from several tables."""
     files = tuple(_file_state(run.path / name) for name in (ANSWERS, JUDGEMENTS))
     kept = _values_kept.get(id(run))

@@ -342,7 +342,7 @@ class _Plan:
         relevant = sorted({c for q in items for c in q.relevant})
         own = self._vectors_of(relevant)
         bar = progress_bar(total=len(items), desc="tracing queries", unit="query",
-                   disable=not (progress if progress is not None else len(items) > 50))
+                           disable=not (progress if progress is not None else len(items) > 50))
         for q, v in zip(items, vectors, strict=True):
             c, r = self.one(q, v, own)
             chunk_rows += c

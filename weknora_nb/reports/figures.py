@@ -110,7 +110,7 @@ def describe(fig) -> str:
     names = [n for legend in fig.legends for n in series(legend)]
     if names:
         panels.append("series: " + ", ".join(names))
-    head = text(fig._suptitle) if getattr(fig, "_suptitle", None) is not None else ""
+    head = " ".join(fig.get_suptitle().split())
     return " | ".join([p for p in (head, *panels) if p]) or "a figure"
 
 
