@@ -48,3 +48,33 @@ def test_a_worker_s_log_records_reach_this_process_s_handlers(caplog):
         pool.submit(logging.getLogger("weknora_nb.demo").debug, "not shown").result()
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("weknora_nb.demo", logging.INFO, "measured rerank")]
+
+
+def test_the_versions_bar_moves_as_each_version_ends_and_a_failure_stops_the_wait(capsys):
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from weknora_nb.demo import _wait_for_versions
+
+    futures: list[Future] = [Future() for _ in range(3)]
+
+    def finish() -> None:   # the versions end one by one, 0.1 s apart
+        for f in futures:
+            time.sleep(0.1)
+            f.set_result(None)
+    threading.Thread(target=finish).start()
+    _wait_for_versions(futures, ["baseline", "rerank", "faq"], progress=True)
+    lines = capsys.readouterr().err.splitlines()   # not a terminal: the bar as lines
+    assert [line.split("|")[2].split()[0] for line in lines][:4] == ["0/3", "1/3", "2/3", "3/3"], lines
+    assert lines[3].endswith("baseline, rerank, faq]")
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fail() -> None:
+        raise RuntimeError("version baseline failed")
+    with ThreadPoolExecutor(max_workers=1) as pool:   # one at a time: faq waits its turn
+        failing = [pool.submit(fail), pool.submit(time.sleep, 0.2), pool.submit(time.sleep, 0.2)]
+        t = time.perf_counter()
+        _wait_for_versions(failing, ["baseline", "rerank", "faq"], progress=False)
+    assert failing[2].cancelled() and time.perf_counter() - t < 0.35   # the failure stopped what had not started

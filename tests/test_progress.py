@@ -49,3 +49,34 @@ def test_a_disabled_bar_writes_nothing():
     bar.update(3)
     bar.close()
     assert log.getvalue() == ""
+
+
+def test_outside_a_terminal_updates_far_apart_each_get_their_line_once_the_interval_passed():
+    import time
+
+    log = io.StringIO()
+    bar = progress_bar(total=4, desc="measuring versions", unit="version", file=log, every_s=0.05)
+    for _ in range(4):   # a version done every 0.1 s, as the demo's are every ten seconds or so
+        time.sleep(0.1)
+        bar.update(1)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    counts = [line.split("|")[2].split()[0] for line in lines]
+    assert list(dict.fromkeys(counts)) == ["0/4", "1/4", "2/4", "3/4", "4/4"] and len(counts) <= 6, lines
+
+
+def test_outside_a_terminal_a_slowdown_after_fast_progress_still_gets_a_line_per_interval():
+    import time
+
+    log = io.StringIO()
+    bar = progress_bar(total=203, desc="collecting baseline", unit="req", file=log, every_s=0.05)
+    t = time.perf_counter()
+    while bar.n < 200:                     # fast: a cached server, requests at 1000s a second
+        bar.update(1)
+        time.sleep(0.0005 if time.perf_counter() - t < 0.12 else 0)
+    for _ in range(3):                     # then slow: each request waits on the server
+        time.sleep(0.1)
+        bar.update(1)
+    bar.close()
+    counts = [line.split("|")[2].split()[0] for line in log.getvalue().splitlines()]
+    assert {"201/203", "202/203", "203/203"} <= set(counts), counts

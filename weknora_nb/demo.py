@@ -26,7 +26,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -133,14 +133,15 @@ def _weight(job: VersionJob) -> tuple[bool, bool, int]:
 
 def _wait_for_versions(futures: list[Future[RunSummary]], names: list[str], progress: bool) -> None:
     """Wait until every future is done or one failed (then cancel those not started), a bar of finished versions
-    shown (``progress``)."""
+    shown (``progress``), moved as each one ends."""
     bar = progress_bar(total=len(futures), desc="measuring versions", unit="version", disable=not progress)
     pending: set[Future[RunSummary]] = set(futures)
     try:
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            bar.set_postfix_str(", ".join(n for n, f in zip(names, futures, strict=True) if f.done()), refresh=False)
             bar.update(len(done))
-            bar.set_postfix_str(", ".join(n for n, f in zip(names, futures, strict=True) if f.done()))
+            bar.refresh()   # a version is worth a line, whatever the bar's interval
             if any(f.exception() is not None for f in done):
                 for f in pending:
                     f.cancel()

@@ -19,15 +19,18 @@ LOG_EVERY_S = 30.0
 
 
 class _Lines:
-    """A text file for tqdm that writes each redraw of a bar as a line of its own."""
+    """A text file for tqdm that writes each redraw of a bar as a line of its own (a redraw that changes
+    nothing, as closing a finished bar is, writes no second line)."""
 
     def __init__(self, out: IO[str]) -> None:
         self._out = out
+        self._last = ""
 
     def write(self, text: str) -> int:
         line = text.replace("\r", "").rstrip()
-        if line:
+        if line and line != self._last:
             self._out.write(line + "\n")
+            self._last = line
         return len(text)
 
     def flush(self) -> None:
@@ -50,5 +53,7 @@ def progress_bar(*, total: int, desc: str, unit: str, initial: int = 0, disable:
     out = file if file is not None else sys.stderr
     if _in_notebook() or (hasattr(out, "isatty") and out.isatty()):
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=out)
+    # miniters=1: the first update once every_s have passed is written (tqdm's own guess of how many updates to
+    # skip would hold back the lines of a bar whose updates are few and far apart)
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=_Lines(out),
-                mininterval=every_s, maxinterval=max(every_s, 10.0), ascii=True, ncols=100)
+                mininterval=every_s, miniters=1, ascii=True)
