@@ -53,7 +53,7 @@ def progress_bar(*, total: int, desc: str, unit: str, initial: int = 0, disable:
     out = file if file is not None else sys.stderr
     if _in_notebook() or (hasattr(out, "isatty") and out.isatty()):
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=out)
-    # miniters=1: the first update once every_s have passed is written (tqdm's own guess of how many updates to
-    # skip would hold back the lines of a bar whose updates are few and far apart)
+    # miniters=1: the first update once every_s have passed is written (after fast progress, tqdm's own guess of
+    # how many updates to skip would hold back the lines of a slowdown)
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=_Lines(out),
                 mininterval=every_s, miniters=1, ascii=True)
