@@ -25,7 +25,6 @@ import numbers
 import os
 import random
 import re
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -187,10 +186,9 @@ class WeKnoraClient:
     for the collector to delete at the end).
     """
 
-    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None,
-                 ssl_context: ssl.SSLContext | None = None):
-        """``ssl_context``: the TLS verification (default: httpx's, one context shared by the process's
-        clients, :func:`~weknora_nb.collect.transport.default_tls`)."""
+    def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None):
+        """TLS is verified as httpx does by default, with one context shared by the process's clients
+        (:func:`~weknora_nb.collect.transport.default_tls`)."""
         self.settings = settings
         self._rng = rng or random.Random()
         headers = {"X-API-Key": settings.api_key(), "Accept": "application/json", **settings.extra_headers}
@@ -208,7 +206,6 @@ class WeKnoraClient:
             base_url=base_url, headers=headers, auth=httpx.BasicAuth(*auth) if auth else None,
             params=httpx.QueryParams(query),
             timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            verify=ssl_context if ssl_context is not None else True,   # True: the shared default
             limits=httpx.Limits(max_connections=settings.max_connections,
                                 max_keepalive_connections=settings.max_connections))
 
