@@ -12,35 +12,32 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_outside_a_terminal_each_redraw_is_a_line_of_its_own():
-    log = io.StringIO()
-    bar = progress_bar(total=5, desc="collecting baseline", unit="req", file=log, every_s=0)
-    for _ in range(5):
+def drawn(total: int, desc: str, every_s: float, file: io.StringIO | None = None) -> str:
+    """What a bar of ``total`` steps, updated one step at a time and closed, wrote to ``file`` (a log)."""
+    out = file if file is not None else io.StringIO()
+    bar = progress_bar(total=total, desc=desc, unit="step", file=out, every_s=every_s)
+    for _ in range(total):
         bar.update(1)
     bar.close()
-    lines = log.getvalue().splitlines()
-    assert "\r" not in log.getvalue() and len(lines) >= 6            # the start, each update, the end
+    return out.getvalue()
+
+
+def test_outside_a_terminal_each_redraw_is_a_line_of_its_own():
+    log = drawn(5, "collecting baseline", every_s=0)
+    lines = log.splitlines()
+    assert "\r" not in log and len(lines) >= 6            # the start, each update, the end
     assert all(line.startswith("collecting baseline: ") for line in lines)
     assert "5/5" in lines[-1] and "100%" in lines[-1]
 
 
 def test_outside_a_terminal_a_line_at_most_every_interval_and_the_last_state_at_the_end():
-    log = io.StringIO()
-    bar = progress_bar(total=1000, desc="judging (pointwise)", unit="judgement", file=log, every_s=3600)
-    for _ in range(1000):
-        bar.update(1)
-    bar.close()
-    lines = log.getvalue().splitlines()
+    lines = drawn(1000, "judging (pointwise)", every_s=3600).splitlines()
     assert len(lines) == 2 and "0/1000" in lines[0] and "1000/1000" in lines[1]
 
 
 def test_in_a_terminal_the_bar_is_redrawn_in_place():
-    term = Terminal()
-    bar = progress_bar(total=3, desc="tracing queries", unit="query", file=term)
-    for _ in range(3):
-        bar.update(1)
-    bar.close()
-    assert "\r" in term.getvalue() and "3/3" in term.getvalue()
+    shown = drawn(3, "tracing queries", every_s=0, file=Terminal())
+    assert "\r" in shown and "3/3" in shown
 
 
 def test_a_disabled_bar_writes_nothing():
