@@ -93,7 +93,7 @@ def describe(fig) -> str:
     and series (legend entries), panels separated by `` | ``. What a reader who cannot see the figure needs
     to know what it shows; its values are in the tables beside it."""
     def text(artist) -> str:
-        return " ".join(artist.get_text().split()) if artist is not None else ""
+        return " ".join(artist.get_text().split())
 
     def series(legend) -> list[str]:
         return [text(t) for t in legend.get_texts()] if legend is not None else []
