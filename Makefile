@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 # pytest on every core: a test file's tests run on one worker (they share its fixtures), the longest files first
 # (tests/conftest.py); benchmarks/bench_suite.py runs pytest with these options too
 PYTEST_OPTS := -n auto --dist loadfile --no-loadscope-reorder
+# the share of each property test's examples `make test-fast` draws (tests/conftest.py: examples); `make test` and
+# CI draw them all. WEKNORA_NB_EXAMPLES=1 make test-fast draws them all too
+FAST_EXAMPLES := 0.25
 
 .PHONY: demo test test-fast lint lab bench clean wheel-demo
 
@@ -37,11 +40,12 @@ demo: $(VENV)/.runtime
 	$(BIN)/weknora-nb demo
 
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_OPTS)
+	WEKNORA_NB_EXAMPLES=1 $(BIN)/python -m pytest $(PYTEST_OPTS)
 
-# everything but the slow tests (notebooks rendered, whole sandbox collections, large knowledge bases, the demos)
+# everything but the slow tests (notebooks rendered, whole sandbox collections, large knowledge bases, the demos),
+# the property tests on a share of their examples
 test-fast: $(VENV)/.testtools
-	$(BIN)/python -m pytest $(PYTEST_OPTS) -m "not slow"
+	WEKNORA_NB_EXAMPLES=$${WEKNORA_NB_EXAMPLES:-$(FAST_EXAMPLES)} $(BIN)/python -m pytest $(PYTEST_OPTS) -m "not slow"
 
 lint: $(VENV)/.testtools
 	$(BIN)/ruff check weknora_nb tests benchmarks tools

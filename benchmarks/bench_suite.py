@@ -2,7 +2,8 @@
 (``pytest -m "not slow"``) in 60 s, ``make test`` (ruff, mypy, the whole pytest suite) in 240 s.
 
 pytest runs as a subprocess with the options of the Makefile (``PYTEST_OPTS``: every core, a test file
-per worker), as ``make`` would run it; ``make test``'s lint steps are timed too and added to its total.
+per worker; for test-fast, ``FAST_EXAMPLES``: the share of each property test's examples), as ``make`` would
+run it; ``make test``'s lint steps are timed too and added to its total.
 Printed per step: wall seconds, CPU seconds of the step's processes (less sensitive to other work on
 the machine than the wall time), pytest's counts, and the ratio wall / goal (<= 1: goal met). The load
 average before and after is printed with them: other work on the cores shows in every wall time.
@@ -51,16 +52,25 @@ def makefile_pytest_opts(makefile: Path = ROOT / "Makefile") -> list[str]:
     return shlex.split(m.group(1))
 
 
+def makefile_fast_examples(makefile: Path = ROOT / "Makefile") -> str:
+    """The Makefile's ``FAST_EXAMPLES``: the share of each property test's examples `make test-fast` draws."""
+    m = re.search(r"^FAST_EXAMPLES\s*:?=\s*(\S+)", makefile.read_text(encoding="utf-8"), flags=re.M)
+    if m is None:
+        raise SystemExit(f"no FAST_EXAMPLES line in {makefile}")
+    return m.group(1)
+
+
 def children_cpu() -> float:
     """CPU seconds (user + system) of the child processes that have ended."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
-def run(name: str, args: list[str]) -> Step:
-    """Run ``args`` in the checkout, its output kept (the last line shown), and time it."""
+def run(name: str, args: list[str], env: dict[str, str] | None = None) -> Step:
+    """Run ``args`` in the checkout (with ``env`` added to the environment), its output kept (the last line
+    shown), and time it."""
     t0, c0 = time.perf_counter(), children_cpu()
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     wall, cpu = time.perf_counter() - t0, children_cpu() - c0
     lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
     step = Step(name, wall, cpu, proc.returncode, lines[-1].strip("= ") if lines else "")
@@ -93,13 +103,17 @@ def main() -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     steps: dict[str, list[Step]] = {}
     if not args.full:
-        steps["test-fast"] = [run('pytest -m "not slow"', [py, "-m", "pytest", *opts, "-m", "not slow"])]
+        share = os.environ.get("WEKNORA_NB_EXAMPLES", makefile_fast_examples())
+        print(f"make test-fast draws {share} of each property test's examples (WEKNORA_NB_EXAMPLES)", flush=True)
+        steps["test-fast"] = [run('pytest -m "not slow"', [py, "-m", "pytest", *opts, "-m", "not slow"],
+                                  {"WEKNORA_NB_EXAMPLES": share})]
         report("test-fast", steps["test-fast"])
     if not args.fast:
         bin_dir = Path(py).parent
-        steps["test"] = [run("ruff check", [str(bin_dir / "ruff"), "check", "weknora_nb", "tests", "benchmarks"]),
+        lint = [str(bin_dir / "ruff"), "check", "weknora_nb", "tests", "benchmarks", "tools"]
+        steps["test"] = [run("ruff check", lint),
                          run("mypy", [str(bin_dir / "mypy")]),
-                         run("pytest (everything)", [py, "-m", "pytest", *opts])]
+                         run("pytest (everything)", [py, "-m", "pytest", *opts], {"WEKNORA_NB_EXAMPLES": "1"})]
         report("test", steps["test"])
     return 1 if any(s.code != 0 for group in steps.values() for s in group) else 0
 

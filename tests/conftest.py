@@ -31,6 +31,31 @@ os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 sys.dont_write_bytecode = False
 
 
+def example_share() -> float:
+    """The share of its examples each property test draws: ``WEKNORA_NB_EXAMPLES`` (a number in (0, 1]), 1 when
+    unset. ``make test-fast`` sets 0.25; ``make test`` and CI leave it unset and draw every example."""
+    text = os.environ.get("WEKNORA_NB_EXAMPLES", "1")
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:   # NaN fails it too
+        raise pytest.UsageError(f"WEKNORA_NB_EXAMPLES: a number in (0, 1] is allowed, got {text!r}")
+    return share
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad ``WEKNORA_NB_EXAMPLES`` stops the run before collection, with one line."""
+    example_share()
+
+
+def examples(n: int) -> int:
+    """How many examples a property test written for ``n`` draws in this run: ``n`` times
+    :func:`example_share`, rounded, and at least 10 (or ``n``, when smaller)."""
+    share = example_share()
+    return n if share == 1 else min(n, max(10, round(n * share)))
+
+
 def interruptible() -> None:
     """``preexec_fn`` of a subprocess a test interrupts (SIGINT): the signal's default action, whatever this
     process inherited. A shell without job control (a script's ``make test &``) starts its background commands

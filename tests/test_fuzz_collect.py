@@ -28,7 +28,9 @@ from weknora_nb.collect.system import load_system_description
 from weknora_nb.core.errors import ConfigError, RunFolderError
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .conftest import examples
+
+FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")

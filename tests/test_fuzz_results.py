@@ -31,8 +31,11 @@ from weknora_nb.core.run import MANIFEST, Run, load_run, read_manifest
 from weknora_nb.core.scoring import Scores, score
 from weknora_nb.core.testset import TestSet
 
-#: WEKNORA_NB_FUZZ_EXAMPLES=2000 runs a longer, random campaign (default: 60 examples, a fixed seed)
-_EXAMPLES = int(os.environ.get("WEKNORA_NB_FUZZ_EXAMPLES", "60"))
+from .conftest import examples
+
+#: WEKNORA_NB_FUZZ_EXAMPLES=2000 runs a longer, random campaign (default: 60 examples, a fixed seed; fewer under
+#: ``make test-fast``, conftest.examples)
+_EXAMPLES = int(os.environ.get("WEKNORA_NB_FUZZ_EXAMPLES", examples(60)))
 FUZZ = settings(max_examples=_EXAMPLES, deadline=None, derandomize=_EXAMPLES <= 60,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])

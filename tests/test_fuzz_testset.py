@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 from weknora_nb import InputError, load_testset, load_trec_qrels
 from weknora_nb.core.testset import TestSet
 
-FUZZ = settings(max_examples=150, deadline=None)
+from .conftest import examples
+
+FUZZ = settings(max_examples=examples(150), deadline=None)
 
 
 def outcome(load: Callable[[], TestSet]) -> TestSet | None:

@@ -11,7 +11,7 @@ from weknora_nb import MetricError, parse_metric, score
 from weknora_nb.core.metrics import DEFAULT_METRICS, FAMILIES, parse_metrics
 from weknora_nb.core.testset import TestSet
 
-from .conftest import ranked, results_frame
+from .conftest import examples, ranked, results_frame
 
 ALL = [f"{f}@{k}" for f in FAMILIES for k in (1, 2, 3, 5, 10, 20)] + [
     f"ndcg@{k}:{v}" for k in (1, 5, 10) for v in ("linear", "binary")]
@@ -20,7 +20,7 @@ labels = st.dictionaries(st.sampled_from([f"c{i}" for i in range(15)]), st.integ
 lists = st.lists(st.sampled_from([f"c{i}" for i in range(20)]), max_size=30)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rel=labels, returned=lists)
 def test_every_metric_is_between_0_and_1(rel, returned):
     ts = TestSet.from_records([{"query_id": "q", "query": "x", "relevant": rel}])
@@ -32,7 +32,7 @@ def test_every_metric_is_between_0_and_1(rel, returned):
     assert np.all((vals >= 0) & (vals <= 1 + 1e-12)), dict(zip(ALL, vals[0], strict=True))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rel=labels, noise=lists)
 def test_a_perfect_ranking_scores_1(rel, noise):
     relevant = {c: g for c, g in rel.items() if g >= 1}
@@ -48,7 +48,7 @@ def test_a_perfect_ranking_scores_1(rel, noise):
         assert sc.per_query.iloc[0][m] == pytest.approx(1.0, abs=1e-12), m
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(rel=labels, returned=lists)
 def test_recall_and_hit_never_fall_as_k_grows(rel, returned):
     ts = TestSet.from_records([{"query_id": "q", "query": "x", "relevant": rel}])

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from weknora_nb import score
 from weknora_nb.core.testset import TestSet
 
-from .conftest import results_frame
+from .conftest import examples, results_frame
 
 KS = (1, 3, 5, 10, 20)
 
@@ -79,7 +79,7 @@ def ours(ts, res, metrics):
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=SEEDS)
 def test_agrees_with_ranx(seed):
     # imported here, not at the top: every pytest worker imports every test module, and ranx (numba) takes 2 s
@@ -103,7 +103,7 @@ def test_agrees_with_ranx(seed):
         np.testing.assert_allclose(got, ref[ranx_name], rtol=0, atol=1e-9, err_msg=f"{ours_name} vs {ranx_name}")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=SEEDS)
 def test_agrees_with_pytrec_eval(seed):
     ts, res, records, rows = random_case(seed)
@@ -160,7 +160,7 @@ def _ir_measures_inputs(records, run):
     return qrels, scored
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=SEEDS)
 def test_agrees_with_ir_measures(seed):
     """Every family against ir_measures, Judged@k (label coverage) included."""

@@ -40,7 +40,7 @@ from weknora_nb.core.results import ResultCodes, read_results, read_results_for_
 from weknora_nb.core.scoring import score_files
 from weknora_nb.core.testset import TestSet, load_testset
 
-from .conftest import failed, ranked, results_frame
+from .conftest import examples, failed, ranked, results_frame
 from .test_scoring_paths import METRICS, random_case, same_scores, write_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -319,7 +319,7 @@ def test_a_child_closed_while_another_thread_waits_for_it_is_killed_and_reaped_o
     assert json.loads(proc.stdout) == [[None], -signal.SIGKILL, False]
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1), group=st.sampled_from([7, 64, 100_000]),
        batch=st.sampled_from([3, 64]))
 def test_parquet_read_a_batch_at_a_time_matches_the_frame_path(tmp_path_factory, seed, group, batch):
@@ -458,7 +458,7 @@ def jsonl_text(recs: list[dict], rng: random.Random) -> str:
     return "\n".join(out) + "\n"
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(record, min_size=1, max_size=25), st.integers(0, 2 ** 32), st.sampled_from([64, 1 << 21]))
 def test_jsonl_in_bulk_equals_record_by_record(recs, seed, block_bytes):
     import tempfile
@@ -479,7 +479,7 @@ def _cell(v) -> str:
     return "" if v is None else v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(record, min_size=1, max_size=25), st.sampled_from(["csv", "parquet"]))
 def test_csv_and_parquet_in_bulk_equal_record_by_record(recs, fmt):
     import csv
@@ -506,7 +506,7 @@ def test_csv_and_parquet_in_bulk_equal_record_by_record(recs, fmt):
     assert_same(fast, slow)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.lists(record, min_size=1, max_size=25), st.sampled_from([None, "\ud800", (1, 2), 10 ** 5000]))
 def test_from_records_in_bulk_equals_record_by_record(recs, odd):
     if odd is not None:   # what only Python holds: an unpaired surrogate, a tuple, an integer of 5,001 digits

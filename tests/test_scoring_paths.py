@@ -25,7 +25,7 @@ from weknora_nb import ResultsError, TestSet, UsageError, read_results, score, w
 from weknora_nb.core import requests, scoring
 from weknora_nb.core.results import ResultCodes, read_results_for_scoring
 
-from .conftest import failed, ranked, results_frame
+from .conftest import examples, failed, ranked, results_frame
 from .test_metrics_reference import random_case
 
 METRICS = ["recall@3", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10:linear", "precision@5", "map@10"]
@@ -47,7 +47,7 @@ def write_parquet(df: pd.DataFrame, path, row_group_size: int) -> None:
     pq.write_table(pa.Table.from_pandas(out, preserve_index=False), path, row_group_size=row_group_size)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1), shuffle=st.booleans(),
        group=st.sampled_from([7, 64, 100_000]))
 def test_parquet_fast_path_matches_the_frame_path(tmp_path_factory, seed, shuffle, group):
@@ -60,7 +60,7 @@ def test_parquet_fast_path_matches_the_frame_path(tmp_path_factory, seed, shuffl
     same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1))
 def test_long_lists_cut_by_hashing_match_the_grid(seed):
     ts, res, _, _ = random_case(seed)

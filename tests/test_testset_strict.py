@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from weknora_nb import InputError, TestSetError, load_testset, load_trec_qrels
 from weknora_nb.core.testset import TestSet
 
+from .conftest import examples
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -108,7 +110,7 @@ def reference_hash(records) -> str:
 _text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12).map(lambda s: "x" + s + "y")
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.fixed_dictionaries(
     {"query_id": _text, "query": _text, "relevant": st.dictionaries(_text, st.integers(0, 3), max_size=5)},
     optional={"query_type": _text, "tags": st.lists(_text, max_size=3)}), min_size=1, max_size=12,
@@ -428,7 +430,7 @@ def test_frames_keep_their_columns_and_dtypes():
     assert ts.queries["n_relevant"].tolist() == [2, 1, 0] and ts.queries["valid"].tolist() == [True, True, False]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.sampled_from(range(len(NASTY))), min_size=1, max_size=5, unique=True))
 def test_subset_and_round_trips_keep_the_hash(tmp_path, picks):
     ts = TestSet.from_records(NASTY)
