@@ -33,7 +33,7 @@ sys.dont_write_bytecode = False
 
 def example_share() -> float:
     """The share of its examples each property test draws: ``WEKNORA_NB_EXAMPLES`` (a number in (0, 1]), 1 when
-    unset. ``make test-fast`` sets 0.25; ``make test`` and CI leave it unset and draw every example."""
+    unset. ``make test-fast`` sets the Makefile's ``FAST_EXAMPLES`` (0.25); ``make test`` (and so CI) sets 1."""
     text = os.environ.get("WEKNORA_NB_EXAMPLES", "1")
     try:
         share = float(text)
