@@ -44,20 +44,13 @@ class Step:
     summary: str
 
 
-def makefile_pytest_opts(makefile: Path = ROOT / "Makefile") -> list[str]:
-    """The Makefile's ``PYTEST_OPTS`` (what `make test` and `make test-fast` pass to pytest)."""
-    m = re.search(r"^PYTEST_OPTS\s*:?=\s*(.*)$", makefile.read_text(encoding="utf-8"), flags=re.M)
+def makefile_variable(name: str, makefile: Path = ROOT / "Makefile") -> str:
+    """The value of the Makefile's variable ``name``: ``PYTEST_OPTS`` (what `make test` and `make test-fast`
+    pass to pytest), ``FAST_EXAMPLES`` (the share of each property test's examples `make test-fast` draws)."""
+    m = re.search(rf"^{name}\s*:?=\s*(.*)$", makefile.read_text(encoding="utf-8"), flags=re.M)
     if m is None:
-        raise SystemExit(f"no PYTEST_OPTS line in {makefile}")
-    return shlex.split(m.group(1))
-
-
-def makefile_fast_examples(makefile: Path = ROOT / "Makefile") -> str:
-    """The Makefile's ``FAST_EXAMPLES``: the share of each property test's examples `make test-fast` draws."""
-    m = re.search(r"^FAST_EXAMPLES\s*:?=\s*(\S+)", makefile.read_text(encoding="utf-8"), flags=re.M)
-    if m is None:
-        raise SystemExit(f"no FAST_EXAMPLES line in {makefile}")
-    return m.group(1)
+        raise SystemExit(f"no {name} line in {makefile}")
+    return m.group(1).strip()
 
 
 def children_cpu() -> float:
@@ -98,12 +91,12 @@ def main() -> int:
     args = ap.parse_args()
     print(describe(), flush=True)
     py = sys.executable
-    opts = makefile_pytest_opts()
+    opts = shlex.split(makefile_variable("PYTEST_OPTS"))
     print(f"pytest options from the Makefile: {' '.join(opts)}; {os.cpu_count()} cores; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     steps: dict[str, list[Step]] = {}
     if not args.full:
-        share = os.environ.get("WEKNORA_NB_EXAMPLES", makefile_fast_examples())
+        share = os.environ.get("WEKNORA_NB_EXAMPLES", makefile_variable("FAST_EXAMPLES"))
         print(f"make test-fast draws {share} of each property test's examples (WEKNORA_NB_EXAMPLES)", flush=True)
         steps["test-fast"] = [run('pytest -m "not slow"', [py, "-m", "pytest", *opts, "-m", "not slow"],
                                   {"WEKNORA_NB_EXAMPLES": share})]
