@@ -15,6 +15,8 @@ import pytest
 from weknora_nb.core.errors import Problem, RequestTimeout, ResultsError, RunLockedError, TestSetError, UsageError
 from weknora_nb.demo import VersionJob, _init_worker, _worker_logging, measure_versions
 
+from .test_progress import counts
+
 
 @pytest.mark.parametrize("error", [
     UsageError(argument="--repeats", allowed=">= 1", got=0),
@@ -66,7 +68,7 @@ def test_the_versions_bar_moves_as_each_version_ends_and_a_failure_stops_the_wai
     threading.Thread(target=finish).start()
     _wait_for_versions(futures, ["baseline", "rerank", "faq"], progress=True)
     lines = capsys.readouterr().err.splitlines()   # not a terminal: the bar as lines
-    assert [line.split("|")[2].split()[0] for line in lines][:4] == ["0/3", "1/3", "2/3", "3/3"], lines
+    assert counts(lines)[:4] == ["0/3", "1/3", "2/3", "3/3"], lines
     assert lines[3].endswith("baseline, rerank, faq]")
 
     from concurrent.futures import ThreadPoolExecutor
