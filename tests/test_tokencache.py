@@ -1,15 +1,20 @@
 """The sandbox keeps its texts' tokens on disk (sandbox/tokencache.py, issue 17): what it reads back is what
-the tokenizers give, a damaged file is tokenized anew, and an index built from the cache serves what one
-built without it serves."""
+the tokenizers give, a damaged file is tokenized anew, a data folder's seed is read and never written, the
+demo's seed holds every text the demo tokenizes, and an index built from the cache or the seed serves what one
+built without them serves."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
 import logging
 
 import numpy as np
 import pytest
 
-from weknora_nb.sandbox import build_index
+from weknora_nb.sandbox import build_index, demo_dir, load_demo_versions
+from weknora_nb.sandbox import engine as engine_module
 from weknora_nb.sandbox.engine import SandboxIndex
 from weknora_nb.sandbox.textutil import simple_tokens
 from weknora_nb.sandbox.tokencache import TokenCache, tokenizer_version
@@ -73,16 +78,74 @@ def test_an_index_built_from_the_cache_serves_what_one_built_without_it_serves(t
     plain = SandboxIndex(demo.chunks, cache_dir=None)
     first = SandboxIndex(demo.chunks, cache_dir=tmp_path / "tokens")   # tokenizes and writes the cache
     cached = SandboxIndex(demo.chunks, cache_dir=tmp_path / "tokens")  # reads it
+    seeded = SandboxIndex(demo.chunks, cache_dir=None, seed_dir=demo_dir() / "cache")   # reads the demo's seed
     assert sorted(p.name.split("-")[1] for p in (tmp_path / "tokens").glob("tokens-*.json")) == []  # built lazily
-    for index in (first, cached):
+    for index in (first, cached, seeded):
         assert [index.passage_tokens(i) for i in range(len(demo.chunks))] == \
                [plain.passage_tokens(i) for i in range(len(demo.chunks))]
     assert sorted(p.name.split("-")[1] for p in (tmp_path / "tokens").glob("tokens-*.json")) == ["simple"]
     queries = ["网关 DG-1003 错误", "如何配置 gateway.yaml", "重置密码", "VPN 连不上"]
     for corpus in ("keyword", "rerank"):
         want, rows = plain.bm25(1.2, 0.75, corpus)
-        for index in (first, cached):
+        for index in (first, cached, seeded):
             got, got_rows = index.bm25(1.2, 0.75, corpus)
             assert got_rows == rows
             for q in queries:
                 np.testing.assert_array_equal(got.get_scores(tokenize(q)), want.get_scores(tokenize(q)))
+
+
+# ---------------------------------------------------------------------------------------
+# a data folder's seed
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, fn", [("bm25", tokenize), ("simple", simple_tokens)])
+def test_a_seed_is_served_as_written_and_only_what_it_lacks_is_tokenized_and_cached(tmp_path, name, fn):
+    seed_dir, cache_dir = tmp_path / "seed", tmp_path / "cache"
+    written = TokenCache(None, name, fn).write_seed(TEXTS[:4], seed_dir)
+    assert written == seed_dir / f"tokens-{name}-{tokenizer_version()}.json.gz"
+    assert TokenCache(None, name, fn).write_seed(TEXTS[:4], seed_dir).read_bytes() == written.read_bytes()
+    counting = Counting(fn)
+    cache = TokenCache(cache_dir, name, counting, seed_dir)
+    expected = [sorted(fn(t)) if name == "simple" else fn(t) for t in TEXTS]
+    assert cache.tokens(TEXTS[:4]) == expected[:4] and counting.calls == 0
+    assert not cache_dir.exists()   # all from the seed: nothing written
+    assert cache.tokens(TEXTS) == expected and counting.calls == len(set(TEXTS[4:]))
+    kept = json.loads(cache.path.read_bytes())
+    assert set(kept) == {hashlib.sha256(t.encode()).hexdigest() for t in TEXTS[4:]}   # the seed is not copied
+    assert written.read_bytes() == TokenCache(None, name, fn).write_seed(TEXTS[:4], tmp_path / "again").read_bytes()
+    assert TokenCache(None, name, Counting(fn), seed_dir).tokens(TEXTS) == expected   # a seed without a cache
+
+
+def test_write_seed_keeps_one_version_per_tokenizer_and_a_seed_of_another_version_is_not_read(tmp_path, caplog):
+    other = tmp_path / "tokens-bm25-0000000000000000.json.gz"
+    other.write_bytes(gzip.compress(json.dumps({hashlib.sha256(TEXTS[0].encode()).hexdigest(): ["x"]}).encode()))
+    simple = TokenCache(None, "simple", simple_tokens).write_seed(TEXTS[:1], tmp_path)
+    counting = Counting(tokenize)
+    assert TokenCache(None, "bm25", counting, tmp_path).tokens(TEXTS[:1]) == [tokenize(TEXTS[0])]
+    assert counting.calls == 1   # the other version's tokens are not read
+    TokenCache(None, "bm25", tokenize).write_seed(TEXTS[:1], tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [simple.name, f"tokens-bm25-{tokenizer_version()}.json.gz"])
+    seed = TokenCache(None, "bm25", tokenize, tmp_path).seed_path
+    seed.write_bytes(b"not gzip")
+    with caplog.at_level(logging.WARNING, logger="weknora_nb.sandbox.tokencache"):
+        assert TokenCache(None, "bm25", tokenize, tmp_path).tokens(TEXTS[:2]) == [tokenize(t) for t in TEXTS[:2]]
+    assert f"ignoring unreadable token cache {seed}" in caplog.text
+
+
+def test_the_demo_seed_holds_every_text_the_demo_tokenizes(tmp_path, monkeypatch):
+    """A fresh machine's demo tokenizes nothing when its index is built: regenerate the seed with
+    ``weknora-nb sandbox build --write-seed`` when this fails (a document, the chunking, the index texts or a
+    tokenizer module changed)."""
+    counted = {name: Counting(fn) for name, fn in engine_module._TOKENIZERS.items()}
+    monkeypatch.setattr(engine_module, "_TOKENIZERS", counted)
+    index = build_index(cache_dir=tmp_path)   # a cache folder of its own: everything from the seed
+    for version in load_demo_versions().values():
+        index.warm(version)
+    assert {name: c.calls for name, c in counted.items()} == {"bm25": 0, "simple": 0}, \
+        "the demo's token seed lacks texts: run `weknora-nb sandbox build --write-seed`"
+    assert not list(tmp_path.glob("tokens-*"))
+    for name, texts in index._tokenized().items():   # a sample of the seed's tokens against the tokenizer's
+        fn = engine_module._TOKENIZERS[name].fn
+        sample = texts[::max(1, len(texts) // 40)]
+        seeded = TokenCache(None, name, fn, demo_dir() / "cache").tokens(sample)
+        assert seeded == [sorted(fn(t)) if name == "simple" else fn(t) for t in sample], name

@@ -719,7 +719,8 @@ def _add_sandbox(sub: Subparsers) -> None:
     build = sbs.add_parser("build", help="chunk the documents and build every index (embeddings are cached)")
     build.add_argument("--data", default=None)
     build.add_argument("--write-seed", action="store_true",
-                       help="also write the chunk embeddings to <data>/cache (shipped so a fresh clone starts fast)")
+                       help="also write the chunk embeddings and tokens to <data>/cache (shipped so a fresh clone "
+                            "starts fast)")
     build.set_defaults(func=_cmd_sandbox_build)
     vers = sbs.add_parser("versions", help="list the system versions")
     vers.add_argument("--data", default=None)

@@ -82,6 +82,8 @@ DEFAULT_MATCH_COUNT = int(RETRIEVAL_DEFAULTS["embedding_top_k"])
 FAQ_MATCH_COUNT, FAQ_MATCH_CAP_HANDLER, FAQ_MATCH_CAP, FAQ_VECTOR_THRESHOLD = 10, 200, 50, 0.7
 #: C23: match types the engine sets
 MATCH_VECTOR, MATCH_KEYWORD, MATCH_NEARBY = 0, 1, 2
+#: the tokenizers whose tokens an index keeps (:class:`~weknora_nb.sandbox.tokencache.TokenCache`), by file name
+_TOKENIZERS = {"bm25": tokenize, "simple": simple_tokens}
 
 
 class ModelMissingError(SandboxError):
@@ -627,9 +629,26 @@ class SandboxIndex:
     def passage_tokens(self, idx: int) -> frozenset[str]:
         """Simple tokens of :meth:`rerank_passage` (computed once for every chunk, for MMR)."""
         if self._passage_tokens is None:
-            cached = TokenCache(self.cache_dir, "simple", simple_tokens).tokens(self._texts["rerank"])
+            cached = self._token_cache("simple").tokens(self._texts["rerank"])
             self._passage_tokens = [frozenset(t) for t in cached]
         return self._passage_tokens[idx]
+
+    def _token_cache(self, name: str) -> TokenCache:
+        """The token cache of tokenizer ``name`` (``bm25``: :func:`tokenize`, ``simple``: :func:`simple_tokens`)
+        over this index's cache and seed folders."""
+        return TokenCache(self.cache_dir, name, _TOKENIZERS[name], self.seed_dir)
+
+    def _tokenized(self) -> dict[str, list[str]]:
+        """The texts each tokenizer has tokenized so far (the BM25 corpora built, MMR's token sets), by name."""
+        bm25: dict[str, None] = {}
+        for corpus, _, _ in self._bm25:
+            rows = self.positions("document") if corpus == "keyword" else range(len(self.chunks))
+            texts = self._texts["index" if corpus == "keyword" else "rerank"]
+            bm25.update(dict.fromkeys(texts[i] for i in rows))
+        out = {"bm25": list(bm25)} if bm25 else {}
+        if self._passage_tokens is not None:
+            out["simple"] = list(dict.fromkeys(self._texts["rerank"]))
+        return out
 
     # -- components, built on first use and kept ---------------------------------------
     def embedder(self, name: str) -> Embedder:
@@ -669,7 +688,7 @@ class SandboxIndex:
             retriever = None
             if rows:
                 retriever = bm25s.BM25(k1=k1, b=b)
-                retriever.index(TokenCache(self.cache_dir, "bm25", tokenize).tokens([texts[i] for i in rows]),
+                retriever.index(self._token_cache("bm25").tokens([texts[i] for i in rows]),
                                 show_progress=False)
             self._bm25[key] = (retriever, rows)
         retriever, rows = self._bm25[key]
@@ -717,7 +736,8 @@ class SandboxIndex:
 
     def write_seed(self, folder: Path, queries: Sequence[str] = ()) -> list[Path]:
         """Write, per embedding model used so far, exactly the texts it embedded, and the embeddings of
-        ``queries`` (the data folder's test sets): the seed shipped with data."""
+        ``queries`` (the data folder's test sets); per tokenizer used so far, the tokens of exactly the texts it
+        tokenized: the seed shipped with data."""
         texts: dict[str, dict[str, None]] = {}
         for model, role in self._vectors:
             texts.setdefault(model, {}).update(dict.fromkeys(self._texts[role]))
@@ -725,7 +745,7 @@ class SandboxIndex:
         if queries:
             out += [self.embedder(model).write_seed(list(dict.fromkeys(queries)), folder, queries=True)
                     for model in sorted(texts)]
-        return out
+        return out + [self._token_cache(name).write_seed(t, folder) for name, t in sorted(self._tokenized().items())]
 
 
 def _z(x: np.ndarray) -> np.ndarray:

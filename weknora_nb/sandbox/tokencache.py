@@ -7,14 +7,20 @@ worker processes and each test process. :class:`TokenCache` keeps each text's to
 ``<cache folder>/tokens-<tokenizer>-<version>.json`` (keyed by the SHA-256 of the text), so a
 text is tokenized once per cache folder.
 
+A data folder may ship a read-only seed of them, ``<data>/cache/tokens-<tokenizer>-<version>.json.gz`` (the
+demo's is written by ``weknora-nb sandbox build --write-seed``, beside its embeddings): what the seed holds is
+neither tokenized nor written to the cache folder, so a fresh machine's first demo tokenizes nothing.
+
 The ``version`` is the SHA-256 of jieba's version and of the source of the tokenizer modules
-(``tokenize.py``, ``textutil.py``): a change to either is a new file, never a stale token. A file
-that cannot be read is ignored (a warning) and written anew; two processes writing at once may drop
-each other's new entries (each file is written whole, atomically), which are then tokenized again.
+(``tokenize.py``, ``textutil.py``): a change to either is a new file, never a stale token (a seed of another
+version is not read). A file that cannot be read is ignored (a warning) and written anew; two processes
+writing at once may drop each other's new entries (each file is written whole, atomically), which are then
+tokenized again.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import logging
 from collections.abc import Callable, Collection, Sequence
@@ -45,15 +51,18 @@ def tokenizer_version() -> str:
 
 
 class TokenCache:
-    """The tokens ``tokenizer`` gives each text, read from and added to ``cache_dir`` (None: computed, not kept).
+    """The tokens ``tokenizer`` gives each text, read from ``seed_dir`` (read-only) and from and added to
+    ``cache_dir`` (None: not read, or computed and not kept).
 
-    ``name`` names the tokenizer in the file name (``bm25``, ``simple``).
+    ``name`` names the tokenizer in the file names (``bm25``, ``simple``).
     """
 
-    def __init__(self, cache_dir: Path | None, name: str, tokenizer: Callable[[str], Collection[str]]):
+    def __init__(self, cache_dir: Path | None, name: str, tokenizer: Callable[[str], Collection[str]],
+                 seed_dir: Path | None = None):
         self.cache_dir = cache_dir
         self.name = name
         self.tokenizer = tokenizer
+        self.seed_dir = seed_dir
 
     @property
     def path(self) -> Path | None:
@@ -62,19 +71,44 @@ class TokenCache:
             return None
         return self.cache_dir / f"tokens-{self.name}-{tokenizer_version()}.json"
 
+    @property
+    def seed_path(self) -> Path | None:
+        """The seed file (None without a seed folder)."""
+        if self.seed_dir is None:
+            return None
+        return self.seed_dir / f"tokens-{self.name}-{tokenizer_version()}.json.gz"
+
     def tokens(self, texts: Sequence[str]) -> list[list[str]]:
         """The tokens of each of ``texts``, in order (lists as ``tokenizer`` returns them, sets as sorted lists)."""
-        path = self.path
-        if path is None:
+        path, seed_path = self.path, self.seed_path
+        if path is None and seed_path is None:
             return [self._tokenize(t) for t in texts]
-        keys = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest() for t in texts]
-        kept = self._load(path)
-        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in kept}
+        keys = [_key(t) for t in texts]
+        seed = {} if seed_path is None else self._load(seed_path)
+        kept = {} if path is None else self._load(path)
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in kept and k not in seed}
         if missing:
             log.info("tokenizing %d of %d texts (%s; the rest are cached)", len(missing), len(texts), self.name)
             kept.update((k, self._tokenize(t)) for k, t in missing.items())
-            self._save(path, kept)
-        return [kept[k] for k in keys]
+            if path is not None:
+                self._save(path, kept)
+        return [kept[k] if k in kept else seed[k] for k in keys]
+
+    def write_seed(self, texts: Sequence[str], folder: Path) -> Path:
+        """Write the seed of exactly ``texts`` into ``folder`` (``tokens-<name>-<version>.json.gz``, gzip of
+        the cache's JSON) and remove this tokenizer's seeds of other versions there; returns its path."""
+        seed = TokenCache(self.cache_dir, self.name, self.tokenizer, folder)
+        out = seed.seed_path
+        assert out is not None
+        tokens = TokenCache(self.cache_dir, self.name, self.tokenizer).tokens(texts)
+        data = orjson.dumps(dict(zip(map(_key, texts), tokens, strict=True)), option=orjson.OPT_SORT_KEYS)
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as tmp:
+            tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        for old in folder.glob(f"tokens-{self.name}-*.json.gz"):
+            if old != out:
+                old.unlink()
+        return out
 
     def _tokenize(self, text: str) -> list[str]:
         out = self.tokenizer(text)
@@ -82,11 +116,13 @@ class TokenCache:
 
     @staticmethod
     def _load(path: Path) -> dict[str, list[str]]:
+        """The entries of a cache file, or of a seed (``.gz``); {} when it is missing or cannot be read."""
         if not path.exists():
             return {}
         try:
-            kept = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
+            data = path.read_bytes()
+            kept = orjson.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
+        except (OSError, EOFError, orjson.JSONDecodeError) as exc:   # gzip.BadGzipFile is an OSError
             log.warning("ignoring unreadable token cache %s: %s", path, exc)
             return {}
         if not isinstance(kept, dict) or not all(isinstance(v, list) for v in kept.values()):
@@ -107,3 +143,8 @@ class TokenCache:
                 tmp.write_bytes(data)
         except OSError as exc:   # a read-only cache folder: the tokens are still served, only not kept
             log.warning("could not write the token cache %s: %s", path, exc)
+
+
+def _key(text: str) -> str:
+    """A text's key in the files: the SHA-256 of its UTF-8 bytes (a lone surrogate kept as it is)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
