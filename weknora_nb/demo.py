@@ -39,6 +39,7 @@ from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
 from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
 from weknora_nb.core.errors import RunExistsError, UsageError
+from weknora_nb.core.interpreter import fewer_collections
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.testset import load_testset
 from weknora_nb.reports.render import Report, ReportRequest, render_reports, write_overview
@@ -183,8 +184,10 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
                      **kwargs: Any) -> RunSummary:
     """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
     resumed when the folder holds the same run, collected afresh when it holds another one (an older
-    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge."""
-    with SandboxServer(version) as sb:
+    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge. The garbage
+    collector runs less often meanwhile (:func:`~weknora_nb.core.interpreter.fewer_collections`): the server
+    shares the process."""
+    with fewer_collections(), SandboxServer(version) as sb:
         kwargs.update(system=sb.describe(), run_name=version)
         settings = ClientSettings(sb.base_url)
         kb = sb.faq_kb_id if faq else sb.kb_id

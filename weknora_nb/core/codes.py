@@ -9,11 +9,9 @@ imported (:class:`weknora_nb.core.requests.PrepareAhead`, in a child process or 
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-__all__ = ["ResultCodes", "parquet_codes", "extremes", "short_switches", "in_background"]
+__all__ = ["ResultCodes", "parquet_codes", "extremes", "in_background"]
 
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
@@ -479,27 +477,3 @@ def in_background(work: Callable[[], Any], name: str) -> Future[Any]:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
-
-
-_switches = {"users": 0, "before": 0.005}   # blocks open, and the interval before the first
-_switches_lock = threading.Lock()
-
-
-@contextmanager
-def short_switches(seconds: float = 0.0005) -> Iterator[None]:
-    """Threads take turns with the interpreter lock every ``seconds`` (or sooner) within the block, then as
-    before (the last of several blocks open at once restores it). A thread doing Arrow or numpy work needs
-    the lock for a moment between long stretches without it, while one parsing Python objects holds it and
-    by default gives it up every 5 ms only: each of those moments would wait that long."""
-    with _switches_lock:
-        if not _switches["users"]:
-            _switches["before"] = sys.getswitchinterval()
-            sys.setswitchinterval(min(seconds, _switches["before"]))
-        _switches["users"] += 1
-    try:
-        yield
-    finally:
-        with _switches_lock:
-            _switches["users"] -= 1
-            if not _switches["users"]:
-                sys.setswitchinterval(_switches["before"])

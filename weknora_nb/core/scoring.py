@@ -49,9 +49,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from weknora_nb.core.codes import ResultCodes, in_background, short_switches
+from weknora_nb.core.codes import ResultCodes, in_background
 from weknora_nb.core.errors import ResultsError, UsageError, writing
 from weknora_nb.core.files import atomic_path
+from weknora_nb.core.interpreter import short_switches
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
