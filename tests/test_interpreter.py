@@ -79,3 +79,19 @@ def test_a_collection_runs_with_fewer_collections_and_leaves_the_collector_as_it
     with pytest.raises(UsageError):
         collector.collect()
     assert seen == [(YOUNG_THRESHOLD, 10, 10)] and gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_rendering_runs_with_fewer_collections_and_leaves_the_collector_as_it_was(monkeypatch):
+    from weknora_nb.reports import render
+
+    seen = []
+
+    def failing() -> None:
+        seen.append(gc.get_threshold())
+        raise RuntimeError("stopped before any kernel")
+
+    monkeypatch.setattr(render, "_import_before_threads", failing)
+    gc.set_threshold(700, 10, 10)
+    with pytest.raises(RuntimeError, match="stopped before any kernel"):
+        render.render_reports([])
+    assert seen == [(YOUNG_THRESHOLD, 10, 10)] and gc.get_threshold() == (700, 10, 10)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import ReportError, RunFolderError, UsageError, writing
+from weknora_nb.core.interpreter import fewer_collections
 from weknora_nb.core.pipeline import HEADLINE_METRIC
 from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, read_manifest
 from weknora_nb.reports.safe import esc, href
@@ -639,31 +640,33 @@ def render_reports(requests: Sequence[ReportRequest], *, jobs: int | None = None
     notebook fails no other one starts: those running finish, and the :class:`ReportError` of the
     first failed page (in the order of ``requests`` and :data:`NOTEBOOKS`) is raised, its partial
     notebook and HTML written. Then each report's index page, and one CJK font subset for the
-    characters of every page, embedded in each.
+    characters of every page, embedded in each. The garbage collector runs less often meanwhile
+    (:func:`~weknora_nb.core.interpreter.fewer_collections`).
     """
     plans = [_plan(r, cache=cache) for r in requests]
     pages = [p for plan in plans for p in plan.pages]
-    _import_before_threads()
-    pool = _Pool(pages, jobs or default_jobs(len(pages)), kernel)
-    try:
-        heads = [_headline_of(plan) for plan in plans]
-        pool.join()
-    except BaseException:
-        pool.stop()
-        raise
-    failed = next((p.error for p in pages if p.error is not None), None)
-    if failed is not None:
-        raise failed
-    for plan, head in zip(plans, heads, strict=True):
-        if isinstance(head, Exception):
-            raise head
-        report = plan.report
-        report.headline = head
-        for page in plan.pages:
-            report.pages[page.notebook] = page.html
-            report.seconds[page.notebook] = page.seconds
-        write_index(report)
-    _embed_font([path for plan in plans for path in [*plan.report.pages.values(), plan.report.index]])
+    with fewer_collections():   # the pages' HTML parse trees are many objects, in reference cycles
+        _import_before_threads()
+        pool = _Pool(pages, jobs or default_jobs(len(pages)), kernel)
+        try:
+            heads = [_headline_of(plan) for plan in plans]
+            pool.join()
+        except BaseException:
+            pool.stop()
+            raise
+        failed = next((p.error for p in pages if p.error is not None), None)
+        if failed is not None:
+            raise failed
+        for plan, head in zip(plans, heads, strict=True):
+            if isinstance(head, Exception):
+                raise head
+            report = plan.report
+            report.headline = head
+            for page in plan.pages:
+                report.pages[page.notebook] = page.html
+                report.seconds[page.notebook] = page.seconds
+            write_index(report)
+        _embed_font([path for plan in plans for path in [*plan.report.pages.values(), plan.report.index]])
     return [plan.report for plan in plans]
 
 
