@@ -498,6 +498,7 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from weknora_nb.core.interpreter import fewer_collections
     from weknora_nb.sandbox import SandboxServer
 
     if not os.environ.get("WEKNORA_API_KEY"):
@@ -508,7 +509,7 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
                            weknora_version=args.weknora_version)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with server:
+    with fewer_collections(), server:   # full collections would walk the index and jieba's dictionary
         print(f"sandbox version {server.version.name!r} (as WeKnora {server.release.name}) serving knowledge base "
               f"{server.kb_id!r} on {server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.",
               flush=True)
