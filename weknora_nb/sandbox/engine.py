@@ -642,9 +642,7 @@ class SandboxIndex:
         """The texts each tokenizer has tokenized so far (the BM25 corpora built, MMR's token sets), by name."""
         bm25: dict[str, None] = {}
         for corpus, _, _ in self._bm25:
-            rows = self.positions("document") if corpus == "keyword" else range(len(self.chunks))
-            texts = self._texts["index" if corpus == "keyword" else "rerank"]
-            bm25.update(dict.fromkeys(texts[i] for i in rows))
+            bm25.update(dict.fromkeys(self._bm25_corpus(corpus)[1]))
         out = {"bm25": list(bm25)} if bm25 else {}
         if self._passage_tokens is not None:
             out["simple"] = list(dict.fromkeys(self._texts["rerank"]))
@@ -683,16 +681,20 @@ class SandboxIndex:
             import bm25s
 
             logging.getLogger("bm25s").setLevel(logging.WARNING)
-            rows = self.positions("document") if corpus == "keyword" else list(range(len(self.chunks)))
-            texts = self._texts["index" if corpus == "keyword" else "rerank"]
+            rows, texts = self._bm25_corpus(corpus)
             retriever = None
             if rows:
                 retriever = bm25s.BM25(k1=k1, b=b)
-                retriever.index(self._token_cache("bm25").tokens([texts[i] for i in rows]),
-                                show_progress=False)
+                retriever.index(self._token_cache("bm25").tokens(texts), show_progress=False)
             self._bm25[key] = (retriever, rows)
         retriever, rows = self._bm25[key]
         return None if retriever is None else (retriever, rows)
+
+    def _bm25_corpus(self, corpus: str) -> tuple[list[int], list[str]]:
+        """The rows (chunk positions) of BM25 corpus ``corpus`` (see :meth:`bm25`) and their texts."""
+        rows = self.positions("document") if corpus == "keyword" else list(range(len(self.chunks)))
+        texts = self._texts["index" if corpus == "keyword" else "rerank"]
+        return rows, [texts[i] for i in rows]
 
     def vector_store(self, version: VersionConfig, kb_ids: Mapping[str, str] | None = None) -> Any:
         """The Postgres vector index of ``version`` (:class:`~weknora_nb.sandbox.pgstore.VectorStore`), one per

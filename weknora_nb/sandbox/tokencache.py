@@ -74,9 +74,7 @@ class TokenCache:
     @property
     def seed_path(self) -> Path | None:
         """The seed file (None without a seed folder)."""
-        if self.seed_dir is None:
-            return None
-        return self.seed_dir / f"tokens-{self.name}-{tokenizer_version()}.json.gz"
+        return None if self.seed_dir is None else _seed_file(self.seed_dir, self.name)
 
     def tokens(self, texts: Sequence[str]) -> list[list[str]]:
         """The tokens of each of ``texts``, in order (lists as ``tokenizer`` returns them, sets as sorted lists)."""
@@ -97,9 +95,7 @@ class TokenCache:
     def write_seed(self, texts: Sequence[str], folder: Path) -> Path:
         """Write the seed of exactly ``texts`` into ``folder`` (``tokens-<name>-<version>.json.gz``, gzip of
         the cache's JSON) and remove this tokenizer's seeds of other versions there; returns its path."""
-        seed = TokenCache(self.cache_dir, self.name, self.tokenizer, folder)
-        out = seed.seed_path
-        assert out is not None
+        out = _seed_file(folder, self.name)
         tokens = TokenCache(self.cache_dir, self.name, self.tokenizer).tokens(texts)
         data = orjson.dumps(dict(zip(map(_key, texts), tokens, strict=True)), option=orjson.OPT_SORT_KEYS)
         folder.mkdir(parents=True, exist_ok=True)
@@ -148,3 +144,8 @@ class TokenCache:
 def _key(text: str) -> str:
     """A text's key in the files: the SHA-256 of its UTF-8 bytes (a lone surrogate kept as it is)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _seed_file(folder: Path, name: str) -> Path:
+    """The seed of tokenizer ``name`` at this version in ``folder``."""
+    return folder / f"tokens-{name}-{tokenizer_version()}.json.gz"
