@@ -1,8 +1,8 @@
 """Settings of the Python interpreter held for the length of a block of work.
 
 Each is process-wide. The first block to open saves the setting and changes it, the last one to close
-restores it, so blocks may nest and overlap across threads; what a block sets is never less than what
-the process had (a caller's own tuning is kept).
+restores it, so blocks may nest and overlap across threads. A caller's own tuning in the same direction is
+kept (a shorter switch interval, a higher threshold).
 
 - :func:`short_switches`: how often threads take turns with the interpreter lock;
 - :func:`fewer_collections`: how often the cyclic garbage collector runs.
