@@ -105,6 +105,7 @@ from weknora_nb.core.pipeline import role_of, stage_order, upstream
 from weknora_nb.core.results import expand_sub_chunks
 from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import Scores
+from weknora_nb.core.segmenter import jieba_ready
 from weknora_nb.core.testset import TestSet
 from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_config
 
@@ -562,12 +563,8 @@ class LostChunk:
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-@lru_cache(maxsize=1)
 def _jieba() -> Any:
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    return jieba
+    return jieba_ready()
 
 
 def _punctuation_only(word: str) -> bool:

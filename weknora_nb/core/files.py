@@ -1,5 +1,5 @@
-"""Atomic file writes (every file weknora-nb writes appears whole or not at all) and the lock processes take
-in turn to compute a value once for a folder they share."""
+"""Atomic file writes (every file weknora-nb writes appears whole or not at all), the lock processes take
+in turn to compute a value once for a folder they share, and the cache folder they share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "waiting_lock"]
+__all__ = ["atomic_path", "waiting_lock", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    """``$WEKNORA_NB_CACHE`` or ``~/.cache/weknora-nb``: what is computed once per machine (the sandbox's
+    embeddings and tokens, jieba's dictionary as :mod:`weknora_nb.core.segmenter` reads it)."""
+    return Path(os.environ.get("WEKNORA_NB_CACHE") or Path.home() / ".cache" / "weknora-nb")
 
 
 @contextmanager

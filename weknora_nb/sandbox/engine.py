@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from weknora_nb.core.errors import ConfigError, Problem, SandboxError
-from weknora_nb.core.files import atomic_path, waiting_lock
+from weknora_nb.core.files import atomic_path, default_cache_dir, waiting_lock
 from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_config
 from weknora_nb.sandbox import pipeline
 from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES, Chunk, faq_index_texts, index_text
@@ -93,11 +92,6 @@ class ModelMissingError(SandboxError):
 class NegativeMatchCount(SandboxError):
     """hybrid-search with a negative ``match_count`` on a release that slices with it (C17): WeKnora panics,
     and its Recovery middleware answers the bare 500 of C13."""
-
-
-def default_cache_dir() -> Path:
-    """``$WEKNORA_NB_CACHE`` or ``~/.cache/weknora-nb``."""
-    return Path(os.environ.get("WEKNORA_NB_CACHE") or Path.home() / ".cache" / "weknora-nb")
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,11 +24,12 @@ jieba or whitespace token), and its token set is the union of its pieces' cached
 
 from __future__ import annotations
 
-import logging
 import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+
+from weknora_nb.core.segmenter import jieba_ready
 
 __all__ = ["simple_tokens", "jaccard", "overlap_ratio", "normalize_content", "content_signature",
            "contains_chunk_content", "join_chunk_content", "clean_passage", "Text", "join_texts", "truncate_text",
@@ -45,13 +46,8 @@ _HAN = re.compile("[\u2e80-\u2e99\u2e9b-\u2ef3\u2f00-\u2fd5\u3005\u3007\u3021-\u
 _S = r"[\t\n\f\r ]"
 
 
-@lru_cache(maxsize=1)
 def _jieba():
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    jieba.initialize()
-    return jieba
+    return jieba_ready()
 
 
 def _is_all_punct(word: str) -> bool:

@@ -8,9 +8,9 @@ are dropped.
 
 from __future__ import annotations
 
-import logging
 import re
-from functools import lru_cache
+
+from weknora_nb.core.segmenter import jieba_ready
 
 __all__ = ["tokenize"]
 
@@ -25,13 +25,8 @@ _STOP = frozenset([
 ])
 
 
-@lru_cache(maxsize=1)
 def _jieba():
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    jieba.initialize()
-    return jieba
+    return jieba_ready()
 
 
 def tokenize(text: str) -> list[str]:

@@ -1,0 +1,66 @@
+"""jieba's dictionary kept in the cache folder (core/segmenter.py, issue 17): the dictionary read back is the one
+jieba builds, entry for entry; a damaged file is ignored with a warning and written anew; jieba cuts the same.
+
+Each case runs in a process of its own: jieba's tokenizer is started once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jieba
+
+PROBE = """
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+import jieba
+from weknora_nb.core.segmenter import jieba_ready
+ready = jieba_ready()
+own = jieba.Tokenizer()   # started as jieba starts: its own cache or its dictionary file
+own.initialize()
+text = "网关返回 DG-1003 错误怎么办？配置 gateway.yaml 的 x-dg-key 字段"
+print(json.dumps({"same": ready.dt.FREQ == own.FREQ and ready.dt.total == own.total,
+                  "entries": len(ready.dt.FREQ),
+                  "cuts": [list(ready.cut_for_search(text)), list(own.cut_for_search(text))]}))
+"""
+
+
+def probe(cache: Path) -> tuple[dict, str]:
+    env = {**os.environ, "WEKNORA_NB_CACHE": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_the_kept_dictionary_is_the_one_jieba_builds_and_cuts_the_same(tmp_path):
+    kept = tmp_path / f"jieba-{jieba.__version__}.npz"
+    first, _ = probe(tmp_path)    # jieba's own start, then the file written
+    assert kept.is_file()
+    written = kept.read_bytes()
+    second, err = probe(tmp_path)  # read from the file
+    for got in (first, second):
+        assert got["same"] and got["entries"] > 400_000
+        assert got["cuts"][0] == got["cuts"][1] and "网关" in got["cuts"][0]
+    assert kept.read_bytes() == written and "WARNING" not in err   # read, not written again
+
+
+def test_a_damaged_file_is_ignored_with_a_warning_and_written_anew(tmp_path):
+    kept = tmp_path / f"jieba-{jieba.__version__}.npz"
+    for damage in (b"", b"not a zip file", written_without_frequencies(tmp_path)):
+        kept.write_bytes(damage)
+        got, err = probe(tmp_path)
+        assert got["same"] and "ignoring" in err and str(kept) in err, err
+        got, err = probe(tmp_path)   # written anew by the run before
+        assert got["same"] and "WARNING" not in err
+
+
+def written_without_frequencies(tmp_path: Path) -> bytes:
+    """An npz holding the entries but no frequencies."""
+    import numpy as np
+
+    path = tmp_path / "partial.npz"
+    np.savez(path, words=np.frombuffer(b"a\nb", dtype=np.uint8), total=np.int64(1))
+    return path.read_bytes()
