@@ -22,6 +22,7 @@ from pandas.testing import assert_frame_equal
 
 from weknora_nb.analysis import diagnose as dg
 from weknora_nb.core.results import expand_sub_chunks
+from weknora_nb.core.segmenter import jieba_ready
 
 from .conftest import results_frame
 
@@ -63,7 +64,7 @@ def plain_positions(inventory: pd.DataFrame | None, lists: dict[tuple[str, str],
 def plain_tokens(text: str) -> frozenset[str]:
     """``_tokens`` as it was: jieba over the whole text."""
     t = text.lower().strip()
-    words = dg._jieba().cut_for_search(t, HMM=True) if dg._CJK.search(t) else t.split()
+    words = jieba_ready().cut_for_search(t, HMM=True) if dg._CJK.search(t) else t.split()
     return frozenset(w for w in (x.strip() for x in words) if len(w) > 1 and not dg._punctuation_only(w))
 
 

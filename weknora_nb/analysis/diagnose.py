@@ -563,10 +563,6 @@ class LostChunk:
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-def _jieba() -> Any:
-    return jieba_ready()
-
-
 def _punctuation_only(word: str) -> bool:
     return all(unicodedata.category(ch)[0] in "PSZ" or ch.isspace() for ch in word)
 
@@ -584,13 +580,13 @@ def _tokens(text: str) -> frozenset[str]:
     t = text.lower().strip()
     if not _CJK.search(t):
         return _kept_tokens(t.split())
-    return frozenset().union(*map(_run_tokens, _jieba().re_han_default.findall(t)))
+    return frozenset().union(*map(_run_tokens, jieba_ready().re_han_default.findall(t)))
 
 
 @lru_cache(maxsize=65536)
 def _run_tokens(run: str) -> frozenset[str]:
     """The tokens jieba's search mode gives one run of segmented characters (see :func:`_tokens`)."""
-    return _kept_tokens(_jieba().cut_for_search(run, HMM=True))
+    return _kept_tokens(jieba_ready().cut_for_search(run, HMM=True))
 
 
 def _kept_tokens(words: Iterable[str]) -> frozenset[str]:

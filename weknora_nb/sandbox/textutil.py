@@ -46,10 +46,6 @@ _HAN = re.compile("[\u2e80-\u2e99\u2e9b-\u2ef3\u2f00-\u2fd5\u3005\u3007\u3021-\u
 _S = r"[\t\n\f\r ]"
 
 
-def _jieba():
-    return jieba_ready()
-
-
 def _is_all_punct(word: str) -> bool:
     """Go's isAllPunct: every rune is punctuation (P*), a symbol (S*) or a space."""
     return all(ch.isspace() or unicodedata.category(ch)[0] in "PS" for ch in word)
@@ -68,7 +64,7 @@ def _keep(words) -> frozenset[str]:
 def _piece_tokens(piece: str) -> tuple[bool, frozenset[str], frozenset[str]]:
     """(holds a Han character, jieba token set, whitespace token set) of one lower-cased piece."""
     has_han = _HAN.search(piece) is not None
-    return has_han, _keep(_jieba().cut_for_search(piece, HMM=True)), _keep(piece.split())
+    return has_han, _keep(jieba_ready().cut_for_search(piece, HMM=True)), _keep(piece.split())
 
 
 def simple_tokens(text: str) -> frozenset[str]:

@@ -25,13 +25,9 @@ _STOP = frozenset([
 ])
 
 
-def _jieba():
-    return jieba_ready()
-
-
 def tokenize(text: str) -> list[str]:
     """Tokens of ``text`` for BM25 (order kept, duplicates kept for term frequency)."""
-    jb = _jieba()
+    jb = jieba_ready()
     out: list[str] = []
     for m in _ASCII.finditer(text):
         tok = m.group(0).lower()
