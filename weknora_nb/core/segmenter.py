@@ -6,9 +6,9 @@ Chinese, and a demo has four (two collection workers, two report kernels). :func
 the same dictionary read from a file of its own in the cache folder
 (:func:`~weknora_nb.core.files.default_cache_dir`), ``jieba-<version>.npz``: the entries as one UTF-8 block
 (split on newlines, which no entry holds) and their frequencies as an integer array, about 0.17 s to read. It
-is written once per machine, after jieba's own start; a file that cannot be read or does not hold what jieba
-would build is ignored (jieba starts as it would) and written anew. Only jieba's default dictionary is kept
-so: a process that gave jieba another one gets jieba's own start.
+is written once per machine, after jieba's own start; a file that cannot be read, or whose entries and
+frequencies do not pair up, is ignored with a warning (jieba starts as it would) and written anew. Only
+jieba's default dictionary is kept so: a process that gave jieba another one gets jieba's own start.
 """
 
 from __future__ import annotations
