@@ -194,8 +194,7 @@ _RESET = ('__import__("weknora_nb.reports.render", fromlist=["kernel_reset"]).ke
 def kernel_setup() -> None:
     """Run in a kernel :class:`_Kernel` started: import what the notebooks use, activate matplotlib's
     inline backend and apply the figure style (once per kernel, not once per notebook), then note the
-    state :func:`kernel_reset` brings the kernel back to and leave what is there out of the garbage collector's
-    passes (see :func:`kernel_reset`)."""
+    state :func:`kernel_reset` brings the kernel back to."""
     import warnings
 
     import matplotlib
@@ -209,7 +208,6 @@ def kernel_setup() -> None:
     _describe_figures()
     _KERNEL_STATE.update(rc=matplotlib.rcParams.copy(), filters=list(warnings.filters), env=dict(os.environ),
                          path=list(sys.path))
-    gc.freeze()
 
 
 def _describe_figures() -> None:
@@ -240,11 +238,11 @@ def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
     (:data:`weknora_nb.reports.notebook.CACHE_ENV`, and every run loaded through
     :func:`weknora_nb.reports.notebook.cached_run`; None: no cache) and the rendering process's
     ``code`` version (:func:`weknora_nb.reports.notebook.code_version`); the working folder is ``cwd``.
-    Modules stay imported: that is the point. What survives the reset (modules, their caches: kept for the
-    kernel's life) is then left out of the garbage collector's passes (``gc.freeze``, as after
-    :func:`kernel_setup`): IPython's reset runs a full collection, and the passes a notebook's cells set off
-    would otherwise walk every object the earlier notebooks left (jieba's dictionary among them); a frozen
-    object is still freed when its last reference goes.
+    Modules stay imported: that is the point. What survives the reset (modules, their caches, what
+    :func:`kernel_setup` imported: kept for the kernel's life; every page is reset before it runs) is then left
+    out of the garbage collector's passes (``gc.freeze``): IPython's reset runs a full collection, and the
+    passes a notebook's cells set off would otherwise walk every object the earlier notebooks left (jieba's
+    dictionary among them); a frozen object is still freed when its last reference goes.
     """
     import warnings
 
