@@ -14,6 +14,8 @@ from weknora_nb.analysis.agreement import agreement, fleiss_kappa, weighted_kapp
 from weknora_nb.cli import main
 from weknora_nb.core.labels import Judgement, LabelsLog
 
+from .conftest import examples
+
 
 def J(q: str, c: str, grade: int | None, who: str, at: str = "2026-12-01T10:00:00Z") -> Judgement:
     return Judgement(q, c, grade, who, at)
@@ -41,7 +43,7 @@ def test_cohen_agrees_with_scikit_learn_on_random_grades(weights):
     from sklearn.metrics import cohen_kappa_score
 
     rng = np.random.default_rng(13)
-    for _ in range(300):
+    for _ in range(examples(300)):
         n = int(rng.integers(2, 60))
         x = rng.integers(0, 4, n)
         # correlated assessors: y often copies x, sometimes a neighbour grade
@@ -57,7 +59,7 @@ def test_fleiss_agrees_with_statsmodels_on_random_tables():
     from statsmodels.stats.inter_rater import fleiss_kappa as sm_fleiss
 
     rng = np.random.default_rng(7)
-    for _ in range(200):
+    for _ in range(examples(200)):
         items, raters = int(rng.integers(1, 40)), int(rng.integers(3, 6))
         truth = rng.integers(0, 4, items)
         grades = np.clip(truth[:, None] + rng.integers(-1, 2, (items, raters)) * (rng.random((items, raters)) < 0.4),

@@ -62,27 +62,62 @@ def fast(base_url: str, **kw: Any) -> ClientSettings:
 
 # -- stub servers ---------------------------------------------------------------------------------
 
+class StubServer:
+    """One uvicorn server on loopback for the module's stub servers, serving the routes :func:`serve` hands it:
+    stopping a uvicorn server takes 0.2 s (its loop looks at ``should_exit`` every 0.1 s, then its shutdown
+    pauses 0.1 s), which a server per test paid some 30 times."""
+
+    def __init__(self) -> None:
+        import uvicorn
+
+        self.app: Starlette | None = None
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.asgi, interface="asgi3", log_level="warning",
+                                                    lifespan="off", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    async def asgi(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.app is not None, "a request reached the stub server outside serve()"
+        await self.app(scope, receive, send)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+_stub: StubServer | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stub_server_stopped() -> Iterator[None]:
+    """The module's stub server (started by the first :func:`serve`) stopped after its last test."""
+    global _stub
+    yield
+    if _stub is not None:
+        _stub.stop()
+        _stub = None
+
+
 @contextlib.contextmanager
 def serve(routes: list[Route]) -> Iterator[str]:
-    """Serve ``routes`` (a Starlette app: unknown paths are a plain-text 404, as gin's, C14) on loopback."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
+    """Serve ``routes`` (a Starlette app: unknown paths are a plain-text 404, as gin's, C14) on loopback, on the
+    module's stub server."""
+    global _stub
+    if _stub is None:
+        _stub = StubServer()
+    assert _stub.app is None, "one stub at a time"
+    _stub.app = Starlette(routes=routes)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield _stub.url
     finally:
-        server.should_exit = True
-        thread.join(timeout=5)
-        sock.close()
+        _stub.app = None
 
 
 def run(coro_fn: Callable[[WeKnoraClient], Any], base_url: str, **settings: Any) -> Any:

@@ -24,7 +24,7 @@ from weknora_nb.analysis import diagnose as dg
 from weknora_nb.core.results import expand_sub_chunks
 from weknora_nb.core.segmenter import jieba_ready
 
-from .conftest import results_frame
+from .conftest import examples, results_frame
 
 STAGES = ["vector", "keyword", "hybrid", "final"]
 CHUNKS = [f"k{d}:{i}" for d in range(3) for i in range(6)]
@@ -108,7 +108,7 @@ def same_values(a: list[Any], b: list[Any]) -> bool:
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(examples(40)))
 def test_lists_split_once_are_the_groupby_lists(seed):
     rng = np.random.default_rng(seed)
     results = random_results(rng, sub_chunks=seed % 4 != 0)
@@ -128,7 +128,7 @@ def test_lists_split_once_are_the_groupby_lists(seed):
         assert dg.KnowledgeBase.of(inv, listed).positions == plain_positions(inv, plain)
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(examples(25)))
 def test_values_read_from_the_listings_are_the_pandas_lookups(seed):
     rng = np.random.default_rng(1000 + seed)
     lists, listed = dg._lists(random_results(rng, sub_chunks=True))

@@ -13,6 +13,8 @@ import pytest
 
 from weknora_nb.core.results import expand_sub_chunks, read_results
 
+from .conftest import examples
+
 
 def reference_expand(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Copy, explode the lists, concatenate, sort by the key, renumber: the plain pandas formulation."""
@@ -74,7 +76,7 @@ def random_table(rng: random.Random) -> pd.DataFrame:
 @pytest.mark.parametrize("seed", range(8))
 def test_expand_equals_the_plain_formulation_on_random_tables(seed):
     rng = random.Random(seed)
-    for _ in range(40):
+    for _ in range(examples(40)):
         df = random_table(rng)
         want, n_want = reference_expand(df.copy())
         got, n_got = expand_sub_chunks(df.copy())

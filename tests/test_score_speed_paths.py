@@ -206,26 +206,27 @@ def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readin
         score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
 
 
-#: a fresh process, one thread: PrepareAhead forks a child; prints what score_files gives with it, whether a
-#: child was forked, and whether any child is left once the scoring is done
+#: a fresh process, one thread: for each results file PrepareAhead forks a child; prints, per file, what
+#: score_files gives with it, whether a child was forked, and whether any child is left once the scoring is done
 FORKED = """
 import json, os, sys
 from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.scoring import score_files
-testset, results, stages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-try:
-    with PrepareAhead(results, stages, 10, fork=True) as ahead:
-        forked = ahead.forked
-        out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
-except Exception as exc:
-    out = f"{type(exc).__name__}: {exc}"
-    forked = True
-try:
-    os.waitpid(-1, os.WNOHANG)
-    left = True
-except ChildProcessError:
-    left = False
-print(json.dumps({"forked": forked, "left": left, "out": out}))
+testset, stages, files = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+for results in files:
+    try:
+        with PrepareAhead(results, stages, 10, fork=True) as ahead:
+            forked = ahead.forked
+            out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
+    except Exception as exc:
+        out = f"{type(exc).__name__}: {exc}"
+        forked = True
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        left = True
+    except ChildProcessError:
+        left = False
+    print(json.dumps({"forked": forked, "left": left, "out": out}))
 """
 
 
@@ -245,13 +246,15 @@ def test_prepare_ahead_in_a_child_process_scores_as_the_path_does_and_leaves_no_
         except (ResultsError, UsageError) as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    for results in (files[1], csv, bad):
-        proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), str(results), json.dumps(stages)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and not proc.stderr, proc.stderr
-        got = json.loads(proc.stdout)
-        assert got["forked"] and not got["left"]
-        assert got["out"] == json.loads(json.dumps(expected(results)))
+    results = (files[1], csv, bad)
+    proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), json.dumps(stages), *map(str, results)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(got) == len(results)
+    for each, path in zip(got, results, strict=True):
+        assert each["forked"] and not each["left"], path
+        assert each["out"] == json.loads(json.dumps(expected(path))), path
 
 
 def test_a_child_still_at_work_is_killed_when_the_caller_stops(tmp_path):

@@ -1,17 +1,22 @@
 """jieba's dictionary kept in the cache folder (core/segmenter.py, issue 17): the dictionary read back is the one
 jieba builds, entry for entry; a damaged file is ignored with a warning and written anew; jieba cuts the same.
 
-Each case runs in a process of its own: jieba's tokenizer is started once per process."""
+The first case runs in processes of their own, as a user's processes start; the damaged files are read in this
+one, each start on a tokenizer of its own (jieba keeps its state in ``jieba.dt``)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jieba
+import pytest
+
+from weknora_nb.core.segmenter import jieba_ready
 
 PROBE = """
 import json, logging, sys
@@ -47,14 +52,33 @@ def test_the_kept_dictionary_is_the_one_jieba_builds_and_cuts_the_same(tmp_path)
     assert kept.read_bytes() == written and "WARNING" not in err   # read, not written again
 
 
-def test_a_damaged_file_is_ignored_with_a_warning_and_written_anew(tmp_path):
+def test_a_damaged_file_is_ignored_with_a_warning_and_written_anew(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("WEKNORA_NB_CACHE", str(tmp_path))
+    caplog.set_level(logging.WARNING)
     kept = tmp_path / f"jieba-{jieba.__version__}.npz"
     for damage in (b"", b"not a zip file", written_without_frequencies(tmp_path)):
         kept.write_bytes(damage)
-        got, err = probe(tmp_path)
-        assert got["same"] and "ignoring" in err and str(kept) in err, err
-        got, err = probe(tmp_path)   # written anew by the run before
-        assert got["same"] and "WARNING" not in err
+        caplog.clear()
+        own = first_start(monkeypatch)    # the file ignored: jieba's own start, then the file written anew
+        assert "ignoring" in caplog.text and str(kept) in caplog.text, caplog.text
+        caplog.clear()
+        read = first_start(monkeypatch)   # read from the file written by the start before
+        assert not caplog.records, caplog.text
+        assert read.FREQ == own.FREQ and read.total == own.total and len(own.FREQ) > 400_000
+
+
+def first_start(monkeypatch: pytest.MonkeyPatch) -> jieba.Tokenizer:
+    """jieba's default tokenizer as :func:`jieba_ready` starts it in a new process: a tokenizer never started
+    stands in for ``jieba.dt`` while it runs, and is returned; the process's own is put back."""
+    fresh = jieba.Tokenizer()
+    with monkeypatch.context() as m:
+        m.setattr(jieba, "dt", fresh)
+        jieba_ready.cache_clear()
+        try:
+            assert jieba_ready().dt is fresh
+        finally:
+            jieba_ready.cache_clear()
+    return fresh
 
 
 def written_without_frequencies(tmp_path: Path) -> bytes:
