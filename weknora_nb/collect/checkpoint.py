@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from weknora_nb.core.errors import RunFolderError, reading, writing
+from weknora_nb.core.jsontext import json_bytes
 
 __all__ = ["RequestKey", "Records", "read_checkpoint", "count_records", "CheckpointWriter"]
 
@@ -181,7 +182,7 @@ class CheckpointWriter:
             raise self._error
         if self._closed or self._thread is None or self._loop is None:
             raise RuntimeError(f"checkpoint {self.path} is not open for appending")
-        self._pending.append(json.dumps(record, ensure_ascii=False) + "\n")
+        self._pending.append(json_bytes(record).decode("utf-8") + "\n")
         if len(self._pending) == 1:
             self._loop.call_soon(self._hand_over)
 
