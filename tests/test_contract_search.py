@@ -32,10 +32,8 @@ from weknora_nb.sandbox.engine import (
     candidates_per_path,
     load_versions,
 )
-from weknora_nb.sandbox.pipeline import Hit, _drop_partial_overlaps, _Result
-from weknora_nb.sandbox.textutil import Text, clean_passage, normalize_content, overlap_ratio
-
-from .conftest import examples
+from weknora_nb.sandbox.pipeline import Hit
+from weknora_nb.sandbox.textutil import clean_passage
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 FAQ_SMALL = Path(__file__).parent / "fixtures" / "faq_small.jsonl"
@@ -422,49 +420,6 @@ def test_duplicates_and_contained_results_are_dropped_unless_they_score_higher()
     assert ids(engine, engine.knowledge_search("q", settings=settings(rerank=False))) == ["d1:000"]
     engine = synthetic(chunks, {"d2:000": 0.8, "d4:000": 0.5})  # not a substring, but every token is shared
     assert ids(engine, engine.knowledge_search("q", settings=settings(rerank=False))) == ["d2:000"]
-
-
-def plain_drop_partial_overlaps(results: list) -> list:
-    """removePartialOverlaps pair by pair, as search.go:226-303 @ v0.7.2 writes it (C42): overlap_ratio on each
-    pair's token sets."""
-    norms = [normalize_content(r.text.s) for r in results]
-    sizes = [len(n.encode("utf-8")) for n in norms]
-    removed: set[int] = set()
-    for i in range(len(results)):
-        if i in removed:
-            continue
-        for j in range(i + 1, len(results)):   # on even once i is removed, as WeKnora goes on
-            if j in removed:
-                continue
-            short, long_ = (j, i) if sizes[i] > sizes[j] else (i, j)
-            contained = bool(norms[short]) and bool(norms[long_]) and norms[short] in norms[long_]
-            if not contained and overlap_ratio(results[short].text.tokens(), results[long_].text.tokens()) < 0.85:
-                continue
-            removed.add(long_ if results[short].score > results[long_].score else short)
-    return [r for i, r in enumerate(results) if i not in removed]
-
-
-@pytest.mark.contract("C42")
-@pytest.mark.parametrize("seed", range(6))
-def test_partial_overlaps_dropped_at_once_are_those_dropped_pair_by_pair(seed):
-    """Texts from few words (so shares near 85 % happen), some empty, some contained in others, some with no
-    token longer than one character; tied scores."""
-    rng = np.random.default_rng(seed)
-    vocabulary = ["网关", "令牌", "过期", "端口", "配置", "gateway", "token", "port", "a", "的", "了"]
-    for _ in range(examples(60)):
-        texts = []
-        for _ in range(int(rng.integers(0, 30))):
-            kind = rng.random()
-            if kind < 0.1:
-                texts.append("")
-            elif kind < 0.25 and texts:
-                whole = str(rng.choice(texts))
-                texts.append(whole[: int(rng.integers(0, len(whole) + 1))])   # a prefix: contained
-            else:
-                texts.append(" ".join(rng.choice(vocabulary, size=int(rng.integers(1, 12)))))
-        results = [_Result(k, None, float(rng.choice([0.1, 0.5, 0.5, 0.9])), 0, Text.of(s))  # type: ignore[arg-type]
-                   for k, s in enumerate(texts)]
-        assert [r.idx for r in _drop_partial_overlaps(results)] == [r.idx for r in plain_drop_partial_overlaps(results)]
 
 
 @pytest.mark.contract("C43")

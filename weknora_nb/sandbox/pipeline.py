@@ -47,6 +47,7 @@ from weknora_nb.sandbox.textutil import (
     jaccard,
     join_texts,
     normalize_content,
+    overlap_ratio,
     truncate_text,
 )
 
@@ -403,18 +404,18 @@ def _ordered(prev: Text, base: Text, nxt: Text) -> Text:
 def _drop_partial_overlaps(results: list[_Result]) -> list[_Result]:
     """``removePartialOverlaps`` (chat_pipeline/search.go:226-303 @ v0.7.2, C42): for each pair the shorter
     (by normalised bytes) goes when contained in the longer or >= 85 % of its tokens are, unless it
-    scores strictly higher (then the longer goes); pairs are visited as WeKnora visits them.
-
-    A pair's share is :func:`~weknora_nb.sandbox.textutil.overlap_ratio`'s: the tokens the two share over
-    those of the smaller set (0 when either has none), the shared counts of all pairs taken at once
-    (:func:`_shared_tokens`)."""
+    scores strictly higher (then the longer goes); pairs are visited as WeKnora visits them."""
     if len(results) <= 1:
         return results
     norms = [normalize_content(r.text.s) for r in results]
     sizes = [len(n.encode("utf-8")) for n in norms]
-    tokens = [r.text.tokens() for r in results]
-    counts = [len(s) for s in tokens]
-    shared = _shared_tokens(tokens)
+    tokens: dict[int, frozenset[str]] = {}
+
+    def toks(i: int) -> frozenset[str]:
+        if i not in tokens:
+            tokens[i] = results[i].text.tokens()
+        return tokens[i]
+
     removed: set[int] = set()
     for i in range(len(results)):
         if i in removed:
@@ -424,23 +425,10 @@ def _drop_partial_overlaps(results: list[_Result]) -> list[_Result]:
                 continue
             short, long_ = (j, i) if sizes[i] > sizes[j] else (i, j)
             contained = bool(norms[short]) and bool(norms[long_]) and norms[short] in norms[long_]
-            if not contained:
-                smaller = min(counts[i], counts[j])
-                if not smaller or shared[i][j] / smaller < OVERLAP_DROP:
-                    continue
+            if not contained and overlap_ratio(toks(short), toks(long_)) < OVERLAP_DROP:
+                continue
             removed.add(long_ if results[short].score > results[long_].score else short)
     return [r for i, r in enumerate(results) if i not in removed]
-
-
-def _shared_tokens(sets: list[frozenset[str]]) -> list[list[int]]:
-    """``len(sets[i] & sets[j])`` for every pair: the product of the sets' 0/1 token matrix with its
-    transpose (float32 counts, exact below 2**24), one call where a set intersection per pair took 3 us."""
-    import numpy as np
-
-    vocabulary = {token: k for k, token in enumerate(frozenset().union(*sets))}
-    matrix = np.zeros((len(sets), len(vocabulary)), dtype=np.float32)
-    matrix[np.repeat(np.arange(len(sets)), [len(s) for s in sets]), [vocabulary[t] for s in sets for t in s]] = 1.0
-    return (matrix @ matrix.T).astype(np.int64).tolist()
 
 
 def _filter_top_k(results: list[_Result], top_k: int, sort_first: bool) -> list[_Result]:
