@@ -73,6 +73,15 @@ def test_the_vector_index_is_a_partial_hnsw_expression_index_with_the_versions_m
     assert rows(engine, "SELECT current_setting('hnsw.ef_search')") == [("16",)]  # the database's default
 
 
+def test_a_vector_is_written_as_text_that_reads_back_to_its_float32_values():
+    rng = np.random.default_rng(4)
+    for vector in (rng.standard_normal(512), rng.standard_normal(384) * 1e-8, np.array([0.0, -0.0, 1e30, 0.1]),
+                   rng.standard_normal(8).astype(np.float32)[::2]):          # float64, tiny, huge, not contiguous
+        text = halfvec_text(vector)
+        assert text.startswith("[") and text.endswith("]") and " " not in text
+        assert np.array_equal(np.array(text[1:-1].split(","), dtype=np.float32), vector.astype(np.float32))
+
+
 @pytest.mark.contract("C75")
 def test_the_query_sets_weknoras_ef_search_and_returns_cosine_best_first(index, versions):
     assert [expanded_top_k(k) for k in (1, 50, 60, 100, 150, 250)] == [100, 100, 120, 200, 200, 250]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from weknora_nb.core.jsontext import json_bytes
 from weknora_nb.sandbox.judge import estimate_tokens
 
 if TYPE_CHECKING:
@@ -67,8 +68,9 @@ class EmbeddingsEndpoint:
         data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in embedder.query(text)]}
                 for i, text in enumerate(inputs)]
         tokens = sum(estimate_tokens(t) for t in inputs)
-        return JSONResponse({"object": "list", "data": data, "model": self.model,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        body = {"object": "list", "data": data, "model": self.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return Response(json_bytes(body, allow_nan=False), media_type="application/json")   # JSONResponse's JSON
 
     @staticmethod
     def _inputs(value: Any) -> list[str] | None:
