@@ -28,11 +28,13 @@ from weknora_nb.reports import notebook as wn
 from weknora_nb.reports import render as render_module
 from weknora_nb.reports.render import (
     CACHE_FOLDER,
+    THREAD_VARIABLES,
     ReportRequest,
     _Kernel,
     _kernel_manager_class,
     _Page,
     default_jobs,
+    kernel_environment,
     render_report,
     render_reports,
 )
@@ -100,6 +102,18 @@ def test_reports_rendered_in_parallel_equal_those_rendered_one_notebook_after_an
     assert [c.execution_count for c in first.cells if c.cell_type == "code"][:2] == [1, 2]  # numbered from 1
 
 
+def test_kernels_started_at_once_get_their_share_of_threads_unless_the_user_set_them(monkeypatch):
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert kernel_environment(None) == dict(os.environ)
+    assert {k: kernel_environment(2)[k] for k in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = kernel_environment(1)
+    assert env["OMP_NUM_THREADS"] == "3" and env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    assert {k: v for k, v in env.items() if k not in THREAD_VARIABLES} == {
+        k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+
+
 def test_the_default_number_of_jobs_is_one_per_core_and_never_more_than_the_pages():
     assert default_jobs(1) == 1
     assert 1 <= default_jobs(100) <= (os.cpu_count() or 1)
@@ -130,7 +144,7 @@ LOOKS = textwrap.dedent("""\
     import tellonce
     tellonce.tell()  # warned again: a new kernel has not warned yet
     print("x" in globals(), matplotlib.rcParams["font.size"], os.environ.get("WEKNORA_NB_LEAK"),
-          os.getcwd(), "/nowhere" in sys.path, os.environ.get("WEKNORA_NB_CACHE"))
+          os.getcwd(), "/nowhere" in sys.path, os.environ.get("WEKNORA_NB_CACHE"), os.environ["OMP_NUM_THREADS"])
     # the last notebook's cyclic garbage was collected, and what the kernel keeps is left out of the passes
     print(getattr(tellonce, "left", lambda: None)() is None, gc.get_freeze_count() > 10_000)
 """)
@@ -143,17 +157,18 @@ def page(tmp_path: Path, name: str, code: str, cache: Path | None = None) -> _Pa
 
 
 @pytest.mark.slow
-def test_a_kept_kernel_starts_each_notebook_as_a_new_kernel_would(tmp_path):
+def test_a_kept_kernel_starts_each_notebook_as_a_new_kernel_would(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     (tmp_path / "tellonce.py").write_text(
         "import warnings\n\ndef tell():\n    warnings.warn('said once per place', UserWarning)\n", encoding="utf-8")
     cache = tmp_path / "cache"
-    kept = _Kernel("python3")
+    kept = _Kernel("python3", threads=1)   # as a render of several kernels at once starts them
     try:
         kept.render(page(tmp_path, "leaks", LEAKS))
         kept.render(page(tmp_path, "after", LOOKS, cache))
     finally:
         kept.close()
-    new = _Kernel("python3")
+    new = _Kernel("python3", threads=1)
     try:
         new.render(page(tmp_path, "alone", LOOKS, cache))
     finally:
@@ -161,7 +176,7 @@ def test_a_kept_kernel_starts_each_notebook_as_a_new_kernel_would(tmp_path):
     after, alone = outputs(tmp_path / "after.ipynb"), outputs(tmp_path / "alone.ipynb")
     assert after == alone
     shown = "".join(o.get("text", "") for o in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells[0].outputs)
-    assert "said once per place" in shown and f"False 10.0 None {tmp_path} False {cache}\nTrue True" in shown
+    assert "said once per place" in shown and f"False 10.0 None {tmp_path} False {cache} 1\nTrue True" in shown
     assert [c[2] for c in after] == [1, 2]
 
 

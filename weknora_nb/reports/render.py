@@ -273,6 +273,23 @@ def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
     gc.freeze()
 
 
+#: the variables that size the thread pools of the numeric libraries a kernel may load: OpenBLAS (under NumPy
+#: and SciPy), OpenMP, MKL
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def kernel_environment(threads: int | None) -> dict[str, str]:
+    """The environment a kernel starts in: this process's, each of :data:`THREAD_VARIABLES` not set in it set to
+    ``threads`` (None: none set). Kernels rendering at once get the cores' share each (``_Pool``): each with a
+    BLAS pool over every core, their pools only took turns, the idle threads spinning (the demo's render: 5 %
+    of the kernels' CPU, 4 % of the wall time)."""
+    env = dict(os.environ)
+    if threads is not None:
+        for name in THREAD_VARIABLES:
+            env.setdefault(name, str(threads))
+    return env
+
+
 class _Kernel:
     """A kernel kept for the notebooks one thread executes, one after another.
 
@@ -283,8 +300,9 @@ class _Kernel:
     would be after its set-up. A kernel that died is replaced by a new one for the next notebook.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, threads: int | None = None):
         self.name = name
+        self.threads = threads   # the numeric libraries' threads in the kernel (:func:`kernel_environment`)
         self.km: Any = None
         self.exporters: dict[bool, Any] = {}   # HTML exporters by no_input: nbconvert is not shared across threads
 
@@ -326,7 +344,8 @@ class _Kernel:
         if self.km is None:
             km = _kernel_manager_class()(kernel_name=self.name)
             # no history database: kernels at once would write one file, and numbering restarts at each reset
-            run_sync(km.start_kernel)(cwd=str(page.cwd), extra_arguments=["--HistoryManager.enabled=False"])
+            run_sync(km.start_kernel)(cwd=str(page.cwd), env=kernel_environment(self.threads),
+                                      extra_arguments=["--HistoryManager.enabled=False"])
             self.km = km
             self._run(_SETUP)
         from weknora_nb.reports.notebook import code_version
@@ -700,7 +719,9 @@ class _Pool:
         self.pages = pages
         self.queue = sorted(pages, key=lambda p: -p.cost)  # stable: equal costs keep the report order
         self.lock = threading.Lock()
-        self.kernels = [_Kernel(kernel) for _ in range(min(jobs, len(pages)))]
+        n = min(jobs, len(pages))
+        threads = max(1, (os.cpu_count() or 1) // n) if n > 1 else None
+        self.kernels = [_Kernel(kernel, threads) for _ in range(n)]
         self.threads = [threading.Thread(target=self._work, args=(k,), name=f"weknora-nb-render-{i}", daemon=True)
                         for i, k in enumerate(self.kernels)]
         for t in self.threads:
