@@ -63,8 +63,8 @@ def requests(a: Path, b: Path, out: Path, notebooks: tuple[str, ...] = NOTEBOOKS
 
 #: what differs between any two renderings, parallel or not: the id papermill gives the injected-parameters
 #: cell, the one pandas gives each styled table (random each time) and the addresses in plain-text reprs
-RANDOM_IDS = re.compile(r'(?<=celltag_injected-parameters" id=)"cell-id=[0-9a-f-]+"|(?<=T_)[0-9a-f]{5}(?=[_"\\\s])'
-                        r"|(?<= at 0x)[0-9a-f]+")
+RANDOM_IDS = re.compile(r'(?<=<div id=)"cell-id=[0-9a-f-]+"(?= class="[^"]*celltag_injected-parameters)'
+                        r'|(?<=T_)[0-9a-f]{5}(?=[_"\\\s])|(?<= at 0x)[0-9a-f]+')
 
 
 def html(page: Path) -> str:

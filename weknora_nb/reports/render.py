@@ -41,7 +41,6 @@ import functools
 import gc
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -71,8 +70,6 @@ NEEDS = {"06_answers": ANSWERS}
 CACHE_FOLDER = ".cache"
 #: at most this many kernels by default, whatever the number of cores (each holds a run in memory)
 MAX_DEFAULT_JOBS = 8
-_EXTERNAL_SCRIPT = re.compile(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', re.I)
-
 
 @dataclass
 class Report:
@@ -330,10 +327,13 @@ class _Kernel:
         return time.perf_counter() - t0
 
     def _to_html(self, nb: Any, html_path: Path, *, no_input: bool) -> None:
-        """:func:`_to_html` with this thread's exporter for ``no_input`` (its templates compiled once)."""
+        """:func:`~weknora_nb.reports.pagehtml.write_page` with this thread's exporter for ``no_input`` (its
+        templates compiled once)."""
+        from weknora_nb.reports.pagehtml import exporter, write_page
+
         if no_input not in self.exporters:
-            self.exporters[no_input] = _exporter(no_input)
-        _to_html(nb, html_path, self.exporters[no_input])
+            self.exporters[no_input] = exporter(no_input)
+        write_page(nb, html_path, self.exporters[no_input])
 
     def _ready(self, page: _Page) -> None:
         """A kernel started and set up (when there is none or it died), then reset for ``page``."""
@@ -445,24 +445,6 @@ def _report_folder(out_root: Path, name: str, manifest: Path) -> Path:
 def _literal(path: Path) -> str:
     """``path`` as papermill takes it literally (papermill ``str.format``s output paths: ``{`` would be a field)."""
     return str(path).replace("{", "{{").replace("}", "}}")
-
-
-def _exporter(no_input: bool) -> Any:
-    """nbconvert's HTML exporter of the reports (JupyterLab's template; ``no_input``: code cells and prompts hidden)."""
-    from nbconvert import HTMLExporter
-
-    logging.getLogger("traitlets").setLevel(logging.ERROR)  # nbconvert's notice of an image without alt text
-    return HTMLExporter(template_name="report", extra_template_basedirs=[str(Path(__file__).parent / "templates")],
-                        exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
-
-
-def _to_html(nb: Any, html_path: Path, exporter: Any) -> None:
-    """Write the executed notebook ``nb`` as the page ``html_path`` with ``exporter`` (:func:`_exporter`)."""
-    body, _ = exporter.from_notebook_node(nb)
-    # a report opens from disk or an attachment: no scripts fetched from the internet
-    body = _EXTERNAL_SCRIPT.sub("", body)
-    with writing(html_path):
-        html_path.write_text(body, encoding="utf-8")
 
 
 def cjk_font_css(text: str) -> str:
