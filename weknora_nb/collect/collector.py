@@ -759,6 +759,7 @@ def compile_results(done: Records, stages: list[Stage], query_order: list[str], 
                         "match_type", "latency_ms", "status", "error", "sub_chunk_ids", "base_score", "model_score")}
     width = 9
     empty = [[None] * width]
+    sub_text: dict[tuple[Any, ...], str] = {}   # a list's JSON text, written once (repeats hold the same lists)
     for s in stages:
         for r in range(1, repeats + 1):
             for q in query_order:
@@ -780,18 +781,31 @@ def compile_results(done: Records, stages: list[Stage], query_order: list[str], 
                 cols["latency_ms"] += [rec.get("latency_ms")] * n
                 cols["status"] += [rec["status"]] * n
                 cols["error"] += [rec.get("error")] * n
-                cols["sub_chunk_ids"] += [json.dumps(x, ensure_ascii=False) if x else None for x in subs]
+                cols["sub_chunk_ids"] += [_list_text(x, sub_text) if x else None for x in subs]
                 cols["base_score"] += base
                 cols["model_score"] += model
-    df = pd.DataFrame(cols)
-    for c in ("rank", "chunk_index", "match_type"):
-        df[c] = pd.array(df[c], dtype="Int64")
-    df["repeat"] = df["repeat"].astype(np.int64)
-    for c in ("score", "latency_ms", "base_score", "model_score"):
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    for c in ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids"):
-        df[c] = df[c].astype("string")
-    return df
+    return pd.DataFrame({c: _typed(c, values) for c, values in cols.items()})
+
+
+def _typed(column: str, values: list[Any]) -> Any:
+    """A results column of :func:`compile_results` from its values (the checkpoint's: checked numbers, strings
+    and None), built with its type (pandas infers none): Int64, int64, float64 (None as NaN) or string."""
+    if column in ("rank", "chunk_index", "match_type"):
+        return pd.array(values, dtype="Int64")
+    if column == "repeat":
+        return np.array(values, dtype=np.int64)
+    if column in ("score", "latency_ms", "base_score", "model_score"):
+        return np.array(values, dtype=np.float64)
+    return pd.array(values, dtype="string")
+
+
+def _list_text(ids: list[Any], written: dict[tuple[Any, ...], str]) -> str:
+    """``json.dumps(ids, ensure_ascii=False)``, each list's text kept in ``written``."""
+    key = tuple(ids)
+    text = written.get(key)
+    if text is None:
+        text = written[key] = json.dumps(ids, ensure_ascii=False)
+    return text
 
 
 def _write_answers(done: Records, path: Path) -> None:
