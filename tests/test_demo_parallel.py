@@ -34,8 +34,11 @@ def test_every_error_pickles_as_what_it_is(error):
 def test_a_version_failing_in_a_worker_raises_its_own_error_here(tmp_path):
     jobs = [VersionJob(name, tmp_path / "t.jsonl", tmp_path / name, faq=False, judge=False, stages="final",
                        collect={"repeats": 1, "progress": False}) for name in ("no-such-version", "nor-this")]
+    workers_at_before: list[int] = []
     with pytest.raises(UsageError) as err:
-        measure_versions(jobs, workers=2, progress=False)
+        measure_versions(jobs, workers=2, progress=False,
+                         before=lambda: workers_at_before.append(len(multiprocessing.active_children())))
+    assert workers_at_before == [2]   # ran here once, the workers already starting
     assert err.value.argument == "version" and err.value.got in {"no-such-version", "nor-this"}
     assert "baseline" in err.value.allowed
     assert not any((tmp_path / j.version).exists() for j in jobs)  # refused before anything was written
