@@ -71,6 +71,7 @@ CACHE_FOLDER = ".cache"
 #: at most this many kernels by default, whatever the number of cores (each holds a run in memory)
 MAX_DEFAULT_JOBS = 8
 
+
 @dataclass
 class Report:
     run: str
