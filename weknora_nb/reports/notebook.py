@@ -44,7 +44,6 @@ from weknora_nb.core.metrics import DEFAULT_METRICS
 from weknora_nb.core.pipeline import role_of
 from weknora_nb.core.run import MANIFEST, RESULTS, Run, flatten, load_run
 from weknora_nb.reports import safe
-from weknora_nb.reports.figures import figure_style
 from weknora_nb.reports.tables import all_stages, failure_lines, html_table, report_stage
 
 __all__ = ["open_run", "open_collection", "describe", "manifest_table", "request_counts", "stage_latencies",
@@ -57,6 +56,15 @@ def describe(run: Run, stage: str | None = None) -> str:
     """One line: the run's name, its stages, its test set's hash and (when given) the focus stage."""
     focus = f", focus stage {stage}" if stage is not None else ""
     return f"run {run.name}: stages {all_stages(run)}, test set {run.testset.hash[:19]}...{focus}"
+
+
+def _figure_style() -> None:
+    """:func:`weknora_nb.reports.figures.figure_style`, matplotlib imported only now: the rendering process
+    plans its pages with this module and draws nothing (importing pyplot there took 0.45 s of the demo's
+    render, before any kernel was busy)."""
+    from weknora_nb.reports.figures import figure_style
+
+    figure_style()
 
 
 def open_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, stage: str | None = None,
@@ -73,7 +81,7 @@ def open_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, stage
     if needs:
         metrics = list(dict.fromkeys([*(DEFAULT_METRICS if metrics is None else metrics), *needs]))
     run = cached_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment)
-    figure_style()
+    _figure_style()
     focus = report_stage(run, stage)
     display(Pretty(describe(run, focus)))
     note = failure_note(run)
@@ -103,7 +111,7 @@ def open_collection(run_dir: str | Path, *, collect: bool = False, base_url: str
                                  resume=Path(run_dir, MANIFEST).exists())
         display(Pretty(summary.describe()))
     run = cached_run(run_dir)
-    figure_style()
+    _figure_style()
     display(Pretty(describe(run)))
     note = failure_note(run)
     if note is not None:
