@@ -121,13 +121,14 @@ def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool,
         return [measure_version(j) for j in jobs]
     quiet = [replace(j, collect={**j.collect, "progress": False}) for j in jobs]
     context = multiprocessing.get_context("spawn")
+    n = min(workers, len(jobs))
     with _worker_logging(context) as queue, ProcessPoolExecutor(
-            max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker,
+            max_workers=n, mp_context=context, initializer=_init_worker,
             initargs=(queue, logging.getLogger().getEffectiveLevel())) as pool:
-        ready = [pool.submit(_ready_worker) for _ in range(min(workers, len(jobs)))]   # each starts a worker
+        for _ in range(n):
+            pool.submit(_ready_worker)   # each starts a worker now; the versions queue behind
         if before is not None:
             before()
-        wait(ready)
         longest_first = sorted(range(len(jobs)), key=lambda i: _weight(jobs[i]), reverse=True)
         submitted = {i: pool.submit(measure_version, quiet[i]) for i in longest_first}  # workers end together
         futures = [submitted[i] for i in range(len(jobs))]

@@ -48,9 +48,9 @@ def _finite(obj: Any) -> bool:
     """Whether every float (exactly ``float``) in ``obj``'s dicts, lists and tuples is finite; False too when
     they nest deeper than orjson writes (which a value holding itself does)."""
     isfinite = math.isfinite
-    stack = [(obj, 0)] if type(obj) in (dict, list, tuple) else []
     if type(obj) is float:
         return isfinite(obj)
+    stack = [(obj, 0)] if type(obj) in (dict, list, tuple) else []
     while stack:
         container, depth = stack.pop()
         if depth > _MAX_DEPTH:
