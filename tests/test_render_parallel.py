@@ -296,13 +296,18 @@ def test_a_damaged_entry_or_one_others_may_write_is_not_used(two_runs, tmp_path,
     cache = tmp_path / "cache"
     wn.cached_run(a, folder=cache)
     (entry,) = [cache / n for n in entries(cache)]
+    whole = entry.read_bytes()
     entry.write_bytes(b"not a pickle")
     assert wn.cached_run(a, folder=cache).name == "a" and counted == ["a", "a"]  # computed again, rewritten
     wn.cached_run(a, folder=cache)
     assert counted == ["a", "a"]
+    entry.write_bytes(whole[:len(whole) // 2])   # cut short, as by a full disk
+    assert wn.cached_run(a, folder=cache).name == "a" and counted == ["a", "a", "a"]
+    wn.cached_run(a, folder=cache)               # written whole again: read from the cache
+    assert counted == ["a", "a", "a"]
     entry.chmod(0o666)
     wn.cached_run(a, folder=cache)
-    assert counted == ["a", "a", "a"]
+    assert counted == ["a", "a", "a", "a"]
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
@@ -310,7 +315,7 @@ def test_a_damaged_entry_or_one_others_may_write_is_not_used(two_runs, tmp_path,
     with caplog.at_level(logging.WARNING, logger="weknora_nb.reports.notebook"):
         wn.cached_run(a, folder=shared)
         wn.cached_run(a, folder=shared)
-    assert counted[3:] == ["a", "a"] and not list(shared.iterdir())
+    assert counted[4:] == ["a", "a"] and not list(shared.iterdir())
     assert "others can write to it" in caplog.text
 
 

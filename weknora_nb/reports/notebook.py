@@ -27,7 +27,6 @@ import stat
 import sys
 import tempfile
 import weakref
-import zlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from functools import lru_cache
@@ -36,6 +35,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from IPython.display import HTML, Pretty, display
 
 from weknora_nb.core.errors import WeknoraNbError
@@ -396,7 +396,7 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "WEKNORA_NB_CACHE"
 #: the environment variable holding the rendering process's :func:`code_version` in its kernels
 CODE_ENV = "WEKNORA_NB_CACHE_CODE"
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"  # 2: entries compressed with Zstandard (_pack)
 _MISS = object()
 _refused: set[str] = set()
 #: the render-cache key of each run :func:`cached_run` returned, by id (with a reference to check it is that run)
@@ -496,17 +496,35 @@ def _load(path: Path) -> Any:
         if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
             return _MISS
         try:
-            return pickle.loads(zlib.decompress(f.read()))
+            return _unpack(f.read())
         except Exception as exc:  # noqa: BLE001 - an entry from another version or a damaged one: a miss
             log.debug("render cache entry %s not used: %s", path, exc)
             return _MISS
+
+
+#: how an entry is compressed: Zstandard at level 1 (pyarrow's codec). On a run's 34 MB pickle it takes a third
+#: of zlib's level 1 time to write (0.025 s against 0.090) and half to read (0.025 s against 0.054), and the entry
+#: is smaller (1.6 MB against 2.5); a rendering reads each run's entry once per page that shows it
+_CODEC, _LEVEL = "zstd", 1
+
+
+def _pack(value: Any) -> bytes:
+    """An entry's bytes: the length of ``value``'s pickle (8 bytes, little-endian), then the pickle compressed."""
+    raw = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(raw).to_bytes(8, "little") + pa.Codec(_CODEC, _LEVEL).compress(raw, asbytes=True)
+
+
+def _unpack(data: bytes) -> Any:
+    """The value of an entry :func:`_pack` wrote (what damaged bytes raise, the caller takes as a miss)."""
+    size = int.from_bytes(data[:8], "little")
+    return pickle.loads(pa.Codec(_CODEC).decompress(memoryview(data)[8:], size, asbytes=True))
 
 
 def _store(path: Path, value: Any) -> None:
     """Write ``value`` to ``path`` atomically (a private temporary file renamed over it), then remove
     the entries of the same slot with another content (older inputs). A failure to write is logged:
     the cache only saves time."""
-    data = zlib.compress(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    data = _pack(value)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".z")
