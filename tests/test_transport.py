@@ -161,10 +161,17 @@ def test_refused_and_pool_timeouts_are_httpx_errors():
     url = f"http://127.0.0.1:{port}/x"  # nothing listens there any more
     assert _failure_of(async_client(), url) is _failure_of(httpx.AsyncClient(), url) is httpx.ConnectError
 
+    accepted = threading.Event()
+
+    def hold(conn: socket.socket) -> None:  # the pool's one connection, taken and never answered
+        accepted.set()
+        _never_answer(conn)
+
     async def second_waits_for_the_pool(client: httpx.AsyncClient, url: str) -> type[BaseException]:
+        accepted.clear()
         async with client:
             first = asyncio.create_task(client.get(url))
-            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(accepted.wait, 10)  # the first request holds the connection
             try:
                 await client.get(url)
             except httpx.TimeoutException as exc:
@@ -173,9 +180,9 @@ def test_refused_and_pool_timeouts_are_httpx_errors():
                 first.cancel()
             raise AssertionError("the second request got a connection")
 
-    with raw_server(_never_answer) as port:
+    with raw_server(hold) as port:
         url = f"http://127.0.0.1:{port}/x"
-        limits, timeout = httpx.Limits(max_connections=1), httpx.Timeout(3, pool=0.3)
+        limits, timeout = httpx.Limits(max_connections=1), httpx.Timeout(3, pool=0.1)
         # httpx's pool says PoolTimeout; aiohttp's wait for a connection is its connect timeout
         assert asyncio.run(second_waits_for_the_pool(async_client(limits=limits, timeout=timeout), url)) \
             is httpx.ConnectTimeout
