@@ -29,7 +29,7 @@ from weknora_nb.collect.stages import (
     load_stage_file,
     resolve_stages,
 )
-from weknora_nb.core.errors import ConfigError, RunExistsError, ServerFailed, UsageError
+from weknora_nb.core.errors import ConfigError, RateLimited, RunExistsError, ServerFailed, UsageError
 from weknora_nb.core.pipeline import PIPELINE, role_of
 from weknora_nb.core.testset import TestSet
 from weknora_nb.sandbox import SandboxServer
@@ -141,12 +141,12 @@ def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, mo
     ({"error_rate": 1.0}, "server"),
     ({"rate_limit_rate": 1.0, "retry_after_s": 0.05}, "rate_limited"),
     ({"malformed_rate": 1.0}, "protocol"),
-    ({"hang_rate": 1.0, "hang_s": 3}, "timeout"),
+    ({"hang_rate": 1.0, "hang_s": 0.5}, "timeout"),   # over by the module's end: the server's stop waits for none
 ])
 def test_each_fault_is_recorded_as_its_kind(tmp_path, sandbox, testset, faults, kind):
     sandbox.set_faults(**faults)
     out = tmp_path / "run"
-    # a hung request hangs 3 s, so a shorter timeout cuts every one sooner (the preflight's five calls too, one
+    # a hung request hangs 0.5 s, so a shorter timeout cuts every one sooner (the preflight's five calls too, one
     # after another); the other faults answer at once
     settings = fast(sandbox.base_url, timeout_s=0.05 if kind == "timeout" else 0.3, max_attempts=2)
     s = collect(settings, sandbox.kb_id, testset, out, stages="hybrid,final", repeats=1, concurrency=8, warmup=0,
@@ -166,12 +166,19 @@ def test_each_fault_is_recorded_as_its_kind(tmp_path, sandbox, testset, faults, 
     assert set(df2["status"]) == {"ok"} and keys_of(df2.drop_duplicates(["query_id", "stage", "repeat"])).max() == 1
 
 
-def test_429_honours_retry_after(tmp_path, sandbox, testset):
-    sandbox.set_faults(rate_limit_rate=1.0, retry_after_s=0.2)
+def test_429_honours_retry_after(sandbox):
+    """The retry after a 429 waits its Retry-After (0.3 s), longer than any backoff of these settings (0.05 s at
+    most): one request, two attempts, no preflight around it."""
+    sandbox.set_faults(rate_limit_rate=1.0, retry_after_s=0.3)
+
+    async def ask() -> None:
+        async with WeKnoraClient(fast(sandbox.base_url, max_attempts=2)) as client:
+            await client.request("POST", "/api/v1/knowledge-search",
+                                 {"query": "x", "knowledge_base_ids": [sandbox.kb_id]})
     t = time.perf_counter()
-    collect(fast(sandbox.base_url, max_attempts=2), sandbox.kb_id, testset.subset(["m00"]), tmp_path / "r",
-            stages="final", repeats=1, warmup=0, progress=False, inventory=False)
-    assert time.perf_counter() - t >= 0.2
+    with pytest.raises(RateLimited):
+        asyncio.run(ask())
+    assert time.perf_counter() - t >= 0.3
 
 
 def test_mixed_faults_every_request_exactly_once(tmp_path, sandbox, testset):

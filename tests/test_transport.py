@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 
 import httpx
 import pytest
@@ -146,7 +147,7 @@ def _failure_of(client: httpx.AsyncClient, url: str, *, stream: bool = False) ->
 @pytest.mark.parametrize("name", list(FAILURES))
 def test_a_failure_raises_what_httpx_own_transport_raises(name, stream):
     # the server that never answers waits for the read timeout; the others answer at once, well within it
-    timeout = httpx.Timeout(0.2 if FAILURES[name] is _never_answer else 0.5)
+    timeout = httpx.Timeout(0.1 if FAILURES[name] is _never_answer else 0.5)
     with raw_server(FAILURES[name]) as port:
         url = f"http://127.0.0.1:{port}/x"
         theirs = _failure_of(httpx.AsyncClient(timeout=timeout), url, stream=stream)
@@ -201,13 +202,14 @@ def test_the_collector_records_each_failure_kind_whatever_the_transport(monkeypa
     cases = {_close_at_once: ConnectFailed, _never_answer: RequestTimeout,
              _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n01234"): ConnectFailed}
     for handle, kind in cases.items():
+        # the server that never answers waits for the timeout; the others answer at once, well within it
+        settings_of = partial(ClientSettings, timeout_s=0.1 if handle is _never_answer else 0.5)
         with raw_server(handle) as port:
-            async def search() -> None:
-                settings = ClientSettings(f"http://127.0.0.1:{port}", timeout_s=0.5)
+            async def search(settings: ClientSettings) -> None:
                 async with WeKnoraClient(settings) as c:
                     await c.request("POST", "/api/v1/knowledge-search", {"query": "x"}, retry=False)
             with pytest.raises(kind):
-                asyncio.run(search())
+                asyncio.run(search(settings_of(f"http://127.0.0.1:{port}")))
     with raw_server(_answer(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 200\r\n\r\n"
                             b"data:{\"response_type\":\"answer\",\"content\":\"x\"}\n\n")) as port:
         async def chat() -> None:
