@@ -73,3 +73,18 @@ def test_numeric_references_are_written_as_characters_but_for_markup_quotes_and_
     assert accessible("<h1>&#25253;&#x544A; &#183;</h1>") == "<h1>报告 ·</h1>"
     kept = "&#60;&#62;&#38;&#34;&#39;&#10;&#0;&#xD800;&#1114112;&#65535;"
     assert accessible(f"<p title='&#39;'>{kept}</p>") == f"<p title='&#39;'>{kept}</p>"
+
+
+def test_clean_html_gives_nbconverts_sanitised_text_and_keeps_it_for_short_texts():
+    from nbconvert.filters.strings import clean_html as theirs
+
+    from weknora_nb.reports import pagehtml
+
+    cell = '<div class="highlight"><pre><span class="n">x</span> <script>alert(1)</script>&lt;中文&gt;</pre></div>'
+    long = "<p>" + "长" * pagehtml._CLEAN_KEPT_CHARS + "<img src=x onerror=y></p>"
+    before = pagehtml._kept_clean.cache_info()
+    for text in (cell, cell.encode("utf-8"), cell, long, TRICKY):
+        assert pagehtml.clean_html(text) == theirs(text)
+    after = pagehtml._kept_clean.cache_info()
+    assert after.hits - before.hits >= 2         # the same cell's text (as str or bytes) sanitised once
+    assert "<script" not in pagehtml.clean_html(cell) and "<img" not in pagehtml.clean_html(long)  # escaped
