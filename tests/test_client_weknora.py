@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from weknora_nb import cli
 from weknora_nb.collect import collect
 from weknora_nb.collect.client import ClientSettings, WeKnoraClient
 from weknora_nb.collect.inventory import content_escaping
@@ -829,30 +830,34 @@ def keyed(cache) -> Iterator[SandboxServer]:
         yield sb
 
 
-def cli_collect(tmp_path: Path, sb: SandboxServer, key: str, *extra: str) -> tuple[int, str]:
-    import subprocess
-    import sys
-
-    ts = tmp_path / "t.jsonl"
-    MINI_QUERIES.to_jsonl(ts)
-    args = [sys.executable, "-m", "weknora_nb", "collect", "--base-url", sb.base_url, "--testset", str(ts),
-            "--repeats", "1", "--warmup", "0", "--quiet", "--max-attempts", "2", *extra]
-    if "--kb-id" not in extra:
-        args += ["--kb-id", sb.kb_id]
-    if "--out" not in extra:
-        args += ["--out", str(tmp_path / "run")]
-    proc = subprocess.run(args, env={**__import__("os").environ, "WEKNORA_API_KEY": key}, capture_output=True,
-                          text=True, timeout=120)
-    return proc.returncode, proc.stderr
+@pytest.fixture
+def cli_collect(tmp_path: Path, capsys, monkeypatch) -> Callable[..., tuple[int, str]]:
+    """``cli_collect(sb, key, *extra)``: ``weknora-nb collect`` of the mini test set from ``sb`` with ``key`` (from
+    the environment, as a user gives it), run in this process by :func:`weknora_nb.cli.main`: its exit code and
+    what it wrote to standard error (the command as a process of its own, tracebacks included: test_cli)."""
+    def run(sb: SandboxServer, key: str, *extra: str) -> tuple[int, str]:
+        ts = tmp_path / "t.jsonl"
+        MINI_QUERIES.to_jsonl(ts)
+        args = ["collect", "--base-url", sb.base_url, "--testset", str(ts), "--repeats", "1", "--warmup", "0",
+                "--quiet", "--max-attempts", "2", *extra]
+        if "--kb-id" not in extra:
+            args += ["--kb-id", sb.kb_id]
+        if "--out" not in extra:
+            args += ["--out", str(tmp_path / "run")]
+        monkeypatch.setenv("WEKNORA_API_KEY", key)
+        capsys.readouterr()
+        code = cli.main(args)
+        return code, capsys.readouterr().err
+    return run
 
 
 @pytest.mark.contract("C4")
-def test_a_platform_key_without_tenant_stops_with_one_line(tmp_path, keyed):
-    code, err = cli_collect(tmp_path, keyed, PLATFORM, "--stages", "final")
+def test_a_platform_key_without_tenant_stops_with_one_line(tmp_path, keyed, cli_collect):
+    code, err = cli_collect(keyed, PLATFORM, "--stages", "final")
     assert code == 2 and err.startswith("error: this is a platform key: pass --tenant-id")
     assert err.count("\n") == 1 and "Traceback" not in err and PLATFORM not in err
     assert not (tmp_path / "run").exists()
-    code, err = cli_collect(tmp_path, keyed, PLATFORM, "--stages", "final", "--tenant-id", "1")
+    code, err = cli_collect(keyed, PLATFORM, "--stages", "final", "--tenant-id", "1")
     assert code == 0, err
 
 
@@ -862,22 +867,22 @@ def test_a_platform_key_without_tenant_stops_with_one_line(tmp_path, keyed):
     (KEY, "x", "error: the tenant is not valid (--tenant-id x)"),  # 400
     (PLATFORM, "99", "error: the server rejected the API key, or --tenant-id 99 names no workspace"),  # 401
 ])
-def test_a_wrong_tenant_stops_with_one_line(tmp_path, keyed, key, tenant, message):
-    code, err = cli_collect(tmp_path, keyed, key, "--stages", "final", "--tenant-id", tenant)
+def test_a_wrong_tenant_stops_with_one_line(tmp_path, keyed, key, tenant, message, cli_collect):
+    code, err = cli_collect(keyed, key, "--stages", "final", "--tenant-id", tenant)
     assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.contract("C6", "C7")
-def test_a_key_without_a_capability(tmp_path, keyed):
+def test_a_key_without_a_capability(tmp_path, keyed, cli_collect):
     # retrieve only: the collection runs, system/info and the tenant config are recorded as refused
-    code, err = cli_collect(tmp_path, keyed, RETRIEVE_ONLY, "--stages", "final")
+    code, err = cli_collect(keyed, RETRIEVE_ONLY, "--stages", "final")
     assert code == 0, err
     m = read_manifest(tmp_path / "run")
     assert "manage_vector_stores" in m["server"]["error"] and "manage_tenant_settings" in m["retrieval_config"]["error"]
     assert m["retrieval_config"]["effective"] is None
     # the chat stage needs 'chat': stopped by the probe, before any request is recorded
-    code, err = cli_collect(tmp_path, keyed, RETRIEVE_ONLY, "--stages", "final,citations", "--out",
+    code, err = cli_collect(keyed, RETRIEVE_ONLY, "--stages", "final,citations", "--out",
                             str(tmp_path / "chat"))
     assert code == 2 and err.startswith("error: the API key lacks the capability 'chat' that POST /api/v1/sessions")
     m = read_manifest(tmp_path / "chat")
@@ -886,8 +891,8 @@ def test_a_key_without_a_capability(tmp_path, keyed):
 
 
 @pytest.mark.contract("C26")
-def test_an_unknown_knowledge_base_stops_with_one_line(tmp_path, keyed):
-    code, err = cli_collect(tmp_path, keyed, KEY, "--kb-id", "kb-nope")
+def test_an_unknown_knowledge_base_stops_with_one_line(tmp_path, keyed, cli_collect):
+    code, err = cli_collect(keyed, KEY, "--kb-id", "kb-nope")
     assert code == 2 and err.startswith("error: knowledge base 'kb-nope' not found on this server") \
         and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
