@@ -84,6 +84,20 @@ def test_expand_equals_the_plain_formulation_on_random_tables(seed):
         assert n_got == n_want
 
 
+def test_categories_written_alike_sort_and_group_as_one():
+    """A categorical column's sort keys come from its categories (kernel of _sort_codes): 1 and "1" are two
+    categories the plain formulation, which works on strings, reads as one value."""
+    df = pd.DataFrame({"query_id": pd.Categorical([1, "1", "q0", 1, None], categories=["q0", 1, "1"]),
+                       "stage": "final", "repeat": 1, "rank": pd.array([2, 1, 1, 3, 1], dtype="Int64"),
+                       "chunk_id": ["a", "b", "c", "d", "e"], "status": "ok",
+                       "sub_chunk_ids": ['["x"]', None, '["y", "z"]', None, '["w"]']})
+    want, n_want = reference_expand(df.copy())
+    got, n_got = expand_sub_chunks(df.copy())
+    pd.testing.assert_frame_equal(got, want)
+    assert n_got == n_want == 4
+    assert got["rank"].tolist()[:5] == [1, 2, 3, 4, 1]   # "1" and 1: one query, ranks 1..4 over both
+
+
 def test_expand_equals_the_plain_formulation_on_a_results_file_read_back(tmp_path):
     rng = np.random.default_rng(5)
     n = 3000

@@ -473,9 +473,13 @@ _RESULT_ONLY = ("chunk_index", "knowledge_id", "score", "base_score", "model_sco
 
 def _sort_codes(col: pd.Series) -> np.ndarray:
     """Integer sort keys of ``col`` in the order pandas sorts it (strings by value, also when categorical;
-    missing values last)."""
+    missing values last). A categorical column's keys are its categories' places among them sorted as strings
+    (each category converted and compared once, not each row)."""
     if isinstance(col.dtype, pd.CategoricalDtype):
-        col = col.astype("string")
+        names = np.array([str(c) for c in col.cat.categories], dtype=object)
+        _, place = np.unique(names, return_inverse=True)   # categories written alike share their place
+        lookup = np.append(place.astype(np.int64), len(names))   # code -1 (missing) takes the last slot: last
+        return lookup[col.cat.codes.to_numpy()]
     codes, _ = pd.factorize(col, sort=True)
     codes = np.asarray(codes, dtype=np.int64)
     return np.where(codes < 0, codes.max(initial=-1) + 1, codes)
