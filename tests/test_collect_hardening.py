@@ -282,19 +282,20 @@ def test_ctrl_c_keeps_what_was_done_and_prints_the_command_that_resumes(tmp_path
 
 # ---------------------------------------------------------------- 4. the test set's path
 
-def test_a_relative_testset_is_recorded_as_an_absolute_path(tmp_path, sandbox, ts_path):
+def test_a_relative_testset_is_recorded_as_an_absolute_path(tmp_path, sandbox, ts_path, monkeypatch, capsys):
+    """The commands run through ``main`` in this process, from the folders a user would run them in."""
     out = tmp_path / "runs" / "r"
     argv = collect_argv(sandbox, "t.jsonl", out)
     argv[argv.index("--repeats") + 1] = "1"
-    code, _, err = finish(start(argv, cwd=tmp_path))
-    assert code == 0, err
+    monkeypatch.setenv("WEKNORA_API_KEY", KEY)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 0, capsys.readouterr().err
     recorded = json.loads((out / "manifest.json").read_text())["testset"]["path"]
     assert recorded == str(ts_path.resolve()) and os.path.isabs(recorded)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    gate = subprocess.run([sys.executable, "-m", "weknora_nb", "gate", "--run", str(out), "--min", "recall@5=0"],
-                          cwd=elsewhere, capture_output=True, text=True)
-    assert gate.returncode == 0, gate.stderr  # the test set is found from another folder
+    monkeypatch.chdir(elsewhere)
+    assert cli.main(["gate", "--run", str(out), "--min", "recall@5=0"]) == 0, capsys.readouterr().err
     # a run recorded by an older version (a relative path) still resumes: its content is what must match
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["testset"]["path"] = "t.jsonl"
