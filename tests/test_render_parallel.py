@@ -319,6 +319,36 @@ def test_a_damaged_entry_or_one_others_may_write_is_not_used(two_runs, tmp_path,
     assert "others can write to it" in caplog.text
 
 
+def test_answer_values_are_computed_once_per_rendering_and_again_when_the_answers_change(tmp_path, monkeypatch):
+    from weknora_nb.analysis import answers
+
+    a = craft_run(tmp_path / "runs", "a", craft_testset(tmp_path), stages=["final", "citations"])
+    cited = {i: f"c{i}" if i % 2 else "x" for i in range(10)}
+    (a / "answers.jsonl").write_text("".join(json.dumps(
+        {"query_id": f"q{i}", "stage": "citations", "repeat": rep, "answer": "答", "citations": [c]},
+        ensure_ascii=False) + "\n" for i, c in cited.items() for rep in (1, 2)), encoding="utf-8")
+    cache = tmp_path / "cache"
+    computed: list[str] = []
+    real = answers._answer_values
+    monkeypatch.setattr(answers, "_answer_values", lambda run, stage: computed.append(run.name) or real(run, stage))
+    monkeypatch.setattr(answers, "values_cache",
+                        lambda run, stage, compute: wn.cached_answer_values(run, stage, compute, folder=cache))
+
+    first = answers.answer_values(wn.cached_run(a, folder=cache))
+    again = answers.answer_values(wn.cached_run(a, folder=cache))   # another run object: from the render cache
+    assert computed == ["a"] and len(entries(cache, "answers")) == 1
+    pd.testing.assert_frame_equal(first, again)
+    assert first.loc["q1", "citation_precision"] == 1.0 and first.loc["q0", "citation_precision"] == 0.0
+
+    (a / "answers.jsonl").write_text((a / "answers.jsonl").read_text(encoding="utf-8").replace('["x"]', '["c0"]'),
+                                     encoding="utf-8")   # the answers changed
+    changed = answers.answer_values(wn.cached_run(a, folder=cache))
+    assert computed == ["a", "a"] and changed.loc["q0", "citation_precision"] == 1.0
+    assert len(entries(cache, "answers")) == 1   # the older entry replaced
+    answers.answer_values(core_run.load_run(a, cache=False))   # a run not from the cache: computed, not kept
+    assert computed == ["a", "a", "a"]
+
+
 COMPUTE_ONCE = """
 import sys, time
 from pathlib import Path

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,17 +309,26 @@ def answer_values(run: Run, *, stage: str = "citations") -> pd.DataFrame:
     metrics of :mod:`weknora_nb.analysis.citations` from ``answers.jsonl``. Empty when it holds neither.
 
     Computed once per run object, stage and state of those two files (inode, size and modification
-    time): a comparison page asks for the same run's values from several tables."""
+    time): a comparison page asks for the same run's values from several tables. While reports render,
+    once per rendering (:data:`values_cache`): each report's comparison shows the baseline's values again."""
     files = tuple(_file_state(run.path / name) for name in (ANSWERS, JUDGEMENTS))
     kept = _values_kept.get(id(run))
     if kept is not None and kept[0]() is run and kept[1] == (stage, files):
         return kept[2].copy()
-    values = _answer_values(run, stage)
+    if values_cache is None:
+        values = _answer_values(run, stage)
+    else:
+        values = values_cache(run, stage, lambda: _answer_values(run, stage))
     if kept is None or kept[0]() is not run:
         weakref.finalize(run, _values_kept.pop, id(run), None)
     _values_kept[id(run)] = (weakref.ref(run), (stage, files), values)
     return values.copy()
 
+
+#: set while reports render (in their kernels: :func:`weknora_nb.reports.render.kernel_reset`): ``values_cache(run,
+#: stage, compute)`` is ``compute()``, the values of ``run`` at ``stage``, computed once per rendering for the bytes of
+#: its folder's files (:func:`weknora_nb.reports.notebook.cached_answer_values`); None: computed in this process
+values_cache: Callable[[Run, str, Callable[[], pd.DataFrame]], pd.DataFrame] | None = None
 
 #: the last :func:`answer_values` of each run object: (a reference to check it is that run, (stage, files), values)
 _values_kept: dict[int, tuple[weakref.ref, tuple[str, tuple], pd.DataFrame]] = {}

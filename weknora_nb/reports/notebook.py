@@ -589,6 +589,23 @@ def cached_run(run_dir: str | Path, *, metrics: Iterable[str] | None = None, dom
     return run
 
 
+def cached_answer_values(run: Run, stage: str, compute: Callable[[], pd.DataFrame], *,
+                         folder: Path | None = None) -> pd.DataFrame:
+    """``compute()`` (:func:`weknora_nb.analysis.answers.answer_values` of ``run`` at ``stage``), from the render cache
+    when ``run`` came from :func:`cached_run` and its answers and judgements files are the bytes the values were
+    computed from. A rendering's kernels set it as :data:`weknora_nb.analysis.answers.values_cache`."""
+    from weknora_nb.core.answers import JUDGEMENTS
+    from weknora_nb.core.run import ANSWERS
+
+    paths = [run.path / name for name in (ANSWERS, JUDGEMENTS)]
+    try:
+        files = [_file_digest(p) if p.is_file() else "-" for p in paths]
+    except OSError:   # a file that cannot be read: computed, and its error said where it is read
+        return compute()
+    key = _derived_key(run, "answers", stage)   # the files' bytes are the content: changed, the entry is replaced
+    return cached("answers", None if key is None else (key[0], _digest(key[1], *files)), compute, folder=folder)
+
+
 def _derived_key(run: Run, what: str, *params: object) -> tuple[str, str] | None:
     """The key of a value computed from ``run`` (one :func:`cached_run` returned) with ``params``; None
     for any other run (it is not cached)."""

@@ -233,8 +233,9 @@ def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
     again (IPython's ``%reset``); figures are closed and matplotlib's settings restored; the
     warning filters restored and what was warned once will be warned again; the module search
     path and the environment restored, with the render cache folder ``cache``
-    (:data:`weknora_nb.reports.notebook.CACHE_ENV`, and every run loaded through
-    :func:`weknora_nb.reports.notebook.cached_run`; None: no cache) and the rendering process's
+    (:data:`weknora_nb.reports.notebook.CACHE_ENV`, every run loaded through
+    :func:`weknora_nb.reports.notebook.cached_run` and its answers' values through
+    :func:`weknora_nb.reports.notebook.cached_answer_values`; None: no cache) and the rendering process's
     ``code`` version (:func:`weknora_nb.reports.notebook.code_version`); the working folder is ``cwd``.
     Modules stay imported: that is the point. What survives the reset (modules, their caches, what
     :func:`kernel_setup` imported: kept for the kernel's life; every page is reset before it runs) is then left
@@ -248,8 +249,9 @@ def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
     import matplotlib.pyplot as plt
     from IPython import get_ipython
 
+    from weknora_nb.analysis import answers
     from weknora_nb.core import run
-    from weknora_nb.reports.notebook import CACHE_ENV, CODE_ENV, cached_run
+    from weknora_nb.reports.notebook import CACHE_ENV, CODE_ENV, cached_answer_values, cached_run
 
     shell = get_ipython()
     shell.reset(new_session=False)
@@ -266,6 +268,7 @@ def kernel_reset(cwd: str, cache: str | None, code: str | None = None) -> None:
     if code is not None:
         os.environ[CODE_ENV] = code
     run.run_cache = None if cache is None else cached_run
+    answers.values_cache = None if cache is None else cached_answer_values
     os.chdir(cwd)
     gc.collect()
     gc.freeze()
