@@ -64,20 +64,23 @@ def test_the_drop_is_the_plain_formulations(seed):
         assert [r.idx for r in _drop_partial_overlaps(list(results))] == [r.idx for r in plain_drop(results)]
 
 
-def test_token_bits_count_the_intersection_and_number_tokens_once_across_threads(monkeypatch):
-    monkeypatch.setattr(pipeline, "_TOKEN_NUMBER", {})
-    _token_bits.cache_clear()
+def test_token_bits_count_the_intersection_and_number_tokens_once_across_threads():
     rng = random.Random(3)
-    vocabulary = [f"t{i}" for i in range(3000)]
+    vocabulary = [f"tok-{rng.random()}" for _ in range(3000)]   # tokens no other test has numbered
     sets = [frozenset(rng.sample(vocabulary, rng.randint(0, 400))) for _ in range(120)]
-    threads = [threading.Thread(target=lambda part=sets[k::4]: [_token_bits(s) for s in part]) for k in range(4)]
+    bits: dict[int, int] = {}
+
+    def number(part: range) -> None:
+        for k in part:
+            bits[k] = _token_bits(sets[k])
+    threads = [threading.Thread(target=number, args=(range(k, len(sets), 4),)) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     numbers = pipeline._TOKEN_NUMBER
     assert sorted(numbers.values()) == list(range(len(numbers)))   # each token its own bit
-    for a, b in zip(sets, sets[1:] + sets[:1], strict=True):
-        assert (_token_bits(a) & _token_bits(b)).bit_count() == len(a & b)
-        assert _token_bits(a).bit_count() == len(a)
-    _token_bits.cache_clear()
+    for k in range(len(sets)):
+        a, b = sets[k], sets[(k + 1) % len(sets)]
+        assert (bits[k] & bits[(k + 1) % len(sets)]).bit_count() == len(a & b)
+        assert bits[k].bit_count() == len(a) and _token_bits(a) == bits[k]

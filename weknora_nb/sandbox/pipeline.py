@@ -311,7 +311,7 @@ def _dedup(results: list[_Result]) -> list[_Result]:
     for r in results:
         if r.chunk.id in seen:
             continue
-        sig = content_signature(r.text.s)
+        sig = _signature(r.text.s)
         if sig and sig in signatures:
             continue
         if sig:
@@ -409,21 +409,11 @@ def _drop_partial_overlaps(results: list[_Result]) -> list[_Result]:
 
     A pair's share is :func:`~weknora_nb.sandbox.textutil.overlap_ratio`, its intersection counted as the bits two
     :func:`_token_bits` have in common (a demo version compares 250,000 pairs: building each intersection was a
-    third of this step)."""
+    third of this step); each text's facts are kept (:func:`_overlap_facts`)."""
     n = len(results)
     if n <= 1:
         return results
-    norms, sizes = zip(*(_normalised(r.text.s) for r in results), strict=True)
-    tokens: list[frozenset[str] | None] = [None] * n
-    bits: list[int] = [0] * n
-
-    def toks(i: int) -> frozenset[str]:
-        t = tokens[i]
-        if t is None:
-            t = tokens[i] = results[i].text.tokens()
-            bits[i] = _token_bits(t)
-        return t
-
+    norms, sizes, counts, bits = zip(*(_overlap_facts(r.text) for r in results), strict=True)
     removed = [False] * n
     for i in range(n):
         if removed[i]:
@@ -433,18 +423,26 @@ def _drop_partial_overlaps(results: list[_Result]) -> list[_Result]:
                 continue
             short, long_ = (j, i) if sizes[i] > sizes[j] else (i, j)
             if not (norms[short] and norms[long_] and norms[short] in norms[long_]):   # not contained
-                a, b = toks(short), toks(long_)
-                if not a or not b or (bits[short] & bits[long_]).bit_count() / min(len(a), len(b)) < OVERLAP_DROP:
+                a, b = counts[short], counts[long_]
+                if not a or not b or (bits[short] & bits[long_]).bit_count() / min(a, b) < OVERLAP_DROP:
                     continue
             removed[long_ if results[short].score > results[long_].score else short] = True
     return [r for r, gone in zip(results, removed, strict=True) if not gone]
 
 
-@lru_cache(maxsize=65536)
-def _normalised(text: str) -> tuple[str, int]:
-    """:func:`~weknora_nb.sandbox.textutil.normalize_content` of ``text`` and its length in UTF-8 bytes."""
-    norm = normalize_content(text)
-    return norm, len(norm.encode("utf-8"))
+@lru_cache(maxsize=4096)
+def _overlap_facts(text: Text) -> tuple[str, int, int, int]:
+    """What C42's drop compares of a result's text: its :func:`~weknora_nb.sandbox.textutil.normalize_content`,
+    that in UTF-8 bytes, its number of tokens and their :func:`_token_bits`. Kept for the texts seen last: the same
+    chunks come back search after search."""
+    norm, tokens = normalize_content(text.s), text.tokens()
+    return norm, len(norm.encode("utf-8")), len(tokens), _token_bits(tokens)
+
+
+@lru_cache(maxsize=4096)
+def _signature(text: str) -> str:
+    """:func:`~weknora_nb.sandbox.textutil.content_signature` of ``text``, kept for the texts seen last."""
+    return content_signature(text)
 
 
 #: every token :func:`_token_bits` has met, numbered in the order met (its bit); written under the lock
@@ -452,7 +450,6 @@ _TOKEN_NUMBER: dict[str, int] = {}
 _NUMBERING = threading.Lock()
 
 
-@lru_cache(maxsize=65536)
 def _token_bits(tokens: frozenset[str]) -> int:
     """The set ``tokens`` as an int, one bit per token: ``(bits(a) & bits(b)).bit_count() == len(a & b)``."""
     with _NUMBERING:
