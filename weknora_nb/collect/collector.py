@@ -701,6 +701,8 @@ def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], i
 
 
 def _float(x: Any) -> float | None:
+    if type(x) is float:   # what JSON numbers mostly are: no conversion to try
+        return x
     try:
         return None if x is None or x == "" else float(x)
     except (TypeError, ValueError):
@@ -709,6 +711,8 @@ def _float(x: Any) -> float | None:
 
 def _int(x: Any) -> int | None:
     """``x`` as an integer (``3``, ``3.0``, ``"3"``), else None."""
+    if type(x) is int and -(1 << 53) <= x <= 1 << 53:   # as the float it would go through, the same value
+        return x
     value = _float(x)
     return int(value) if value is not None and value.is_integer() else None
 
