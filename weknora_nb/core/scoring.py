@@ -615,7 +615,7 @@ def result_codes(results: pd.DataFrame, *, source: str = "<results>") -> ResultC
     """A results table as the codes :func:`score` scores: merged results unfolded (:func:`expand_sub_chunks`,
     their number in :attr:`ResultCodes.unfolded`), rows checked (a :class:`ResultsError` naming ``source``).
     Scoring the codes again and again skips both steps: what a :class:`~weknora_nb.core.run.Run` keeps. Only the
-    columns the codes are made of are unfolded (the others' rows are not made: half the time of a demo run's)."""
+    columns the codes are made of are unfolded (the other columns' rows are not made)."""
     expanded, n_expanded = expand_sub_chunks(results[[c for c in results.columns if c in _CODE_COLUMNS]])
     rc = _checked_codes(expanded, source)
     rc.unfolded = n_expanded

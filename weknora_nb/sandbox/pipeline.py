@@ -408,8 +408,8 @@ def _drop_partial_overlaps(results: list[_Result]) -> list[_Result]:
     scores strictly higher (then the longer goes); pairs are visited as WeKnora visits them.
 
     A pair's share is :func:`~weknora_nb.sandbox.textutil.overlap_ratio`, its intersection counted as the bits two
-    :func:`_token_bits` have in common (a demo version compares 250,000 pairs: building each intersection was a
-    third of this step); each text's facts are kept (:func:`_overlap_facts`)."""
+    :func:`_token_bits` have in common (a demo version compares 250,000 pairs: building each intersection was
+    more than half of this step); each text's facts are kept (:func:`_overlap_facts`)."""
     n = len(results)
     if n <= 1:
         return results
@@ -451,7 +451,8 @@ _NUMBERING = threading.Lock()
 
 
 def _token_bits(tokens: frozenset[str]) -> int:
-    """The set ``tokens`` as an int, one bit per token: ``(bits(a) & bits(b)).bit_count() == len(a & b)``."""
+    """The set ``tokens`` as an int, one bit per token: ``(bits(a) & bits(b)).bit_count() == len(a & b)``. The ints
+    are as long as the number of distinct tokens met (a demo version's results: 5,256 tokens, 660 bytes)."""
     with _NUMBERING:
         numbers = [_TOKEN_NUMBER.setdefault(t, len(_TOKEN_NUMBER)) for t in tokens]
     if not numbers:
