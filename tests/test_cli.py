@@ -58,8 +58,15 @@ def files(tmp_path):
     return tmp_path / "t.jsonl", tmp_path / "r.parquet"
 
 
-def test_score_json(files):
-    out = json.loads(run("score", *map(str, files), "--json").stdout)
+def main_out(capsysbinary, *args: str) -> str:
+    """``weknora-nb ARGS`` through ``main`` in this process (exit 0): what it wrote to stdout. The command as a
+    process of its own: the tests that run it so (exit codes, tracebacks, a closed pipe, its teardown)."""
+    assert cli.main(list(args)) == 0
+    return capsysbinary.readouterr().out.decode("utf-8")
+
+
+def test_score_json(files, capsysbinary):
+    out = json.loads(main_out(capsysbinary, "score", *map(str, files), "--json"))
     assert set(out) >= {"summary", "per_query", "excluded", "counts"}
     assert out["summary"]["final"]["ndcg@5"] == pytest.approx(0.615328, abs=1e-6)
     assert out["summary"]["hybrid"]["recall@3"] == pytest.approx((2 / 3 + 1) / 2)
@@ -70,14 +77,15 @@ def test_score_json(files):
     assert out["complete"] is False
 
 
-def test_score_json_single_stage_is_keyed_by_stage_too(files):
-    out = json.loads(run("score", *map(str, files), "--json", "--stage", "final", "--metrics", "ndcg@5,hit@5").stdout)
+def test_score_json_single_stage_is_keyed_by_stage_too(files, capsysbinary):
+    out = json.loads(main_out(capsysbinary, "score", *map(str, files), "--json", "--stage", "final",
+                              "--metrics", "ndcg@5,hit@5"))
     assert out["summary"] == {"final": {"ndcg@5": pytest.approx(0.615328, abs=1e-6), "hit@5": 1.0}}
     assert out["tiers"] == {"final": {"ndcg@5": "fail", "hit@5": None}}
 
 
-def test_score_table_shows_tiers_and_counts(files):
-    out = run("score", *map(str, files)).stdout
+def test_score_table_shows_tiers_and_counts(files, capsysbinary):
+    out = main_out(capsysbinary, "score", *map(str, files))
     assert "stage" in out and "ndcg@5" in out and "fail" in out
     assert "invalid queries: q3" in out and "failed by kind: timeout=1" in out
     assert "not statistically significant" in out
