@@ -245,7 +245,9 @@ def run_cli(args, env, text=True):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text)
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, testset):
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, testset, monkeypatch):
+    """The killed collection is a process of its own; the resumed one and the uninterrupted one run through
+    ``main`` in this process."""
     sandbox.set_faults(latency_ms=40)
     ts_path = tmp_path / "t.jsonl"
     testset.to_jsonl(ts_path)
@@ -266,10 +268,9 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, sandbox, test
     assert 30 <= n_before < 132
     assert not (killed / "results.parquet").exists()
     sandbox.set_faults()  # the latency was there to land the kill mid-run; what follows needs none
-    resumed = run_cli(common + ["--out", str(killed), "--resume"], env)
-    assert resumed.wait(timeout=120) == 0, resumed.stderr.read()
-    full = run_cli(common + ["--out", str(tmp_path / "full")], env)
-    assert full.wait(timeout=120) == 0
+    monkeypatch.setenv("WEKNORA_API_KEY", KEY)
+    assert cli.main(["collect", *common, "--out", str(killed), "--resume"]) == 0
+    assert cli.main(["collect", *common, "--out", str(tmp_path / "full")]) == 0
     a = read_results(killed / "results.parquet")
     b = read_results(tmp_path / "full" / "results.parquet")
     cols = ["query_id", "stage", "repeat", "rank", "chunk_id", "score", "status"]
