@@ -206,14 +206,15 @@ def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readin
         score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
 
 
-#: a fresh process, one thread: for each results file PrepareAhead forks a child; prints, per file, what
-#: score_files gives with it, whether a child was forked, and whether any child is left once the scoring is done
+#: a fresh process, one thread: for each choice of stages and each results file PrepareAhead forks a child; prints,
+#: per choice and file, what score_files gives with it, whether a child was forked, and whether any child is left
+#: once the scoring is done
 FORKED = """
 import json, os, sys
 from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.scoring import score_files
-testset, stages, files = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
-for results in files:
+testset, choices, files = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+for stages, results in [(stages, results) for stages in choices for results in files]:
     try:
         with PrepareAhead(results, stages, 10, fork=True) as ahead:
             forked = ahead.forked
@@ -230,31 +231,32 @@ for results in files:
 """
 
 
-@pytest.mark.parametrize("stages", [None, ["hybrid"], ["nosuch"]])
-def test_prepare_ahead_in_a_child_process_scores_as_the_path_does_and_leaves_no_process(tmp_path, files, stages):
+def test_prepare_ahead_in_a_child_process_scores_as_the_path_does_and_leaves_no_process(tmp_path, files):
     """In a process of one thread (the command line's), the results' side runs in a forked child: the figures
     are those of the path in this process, a CSV file (not for the fast path) and a damaged one are read by
-    the parent (the damage named as ever), a stage the results lack is refused as ever, and no child is left."""
+    the parent (the damage named as ever), a stage the results lack is refused as ever, and no child is left.
+    Every choice of stages and every file in one such process, one after another."""
     csv = tmp_path / "r.csv"
     write_results(read_results(files[1]), csv)
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
 
-    def expected(results):
+    def expected(results, stages):
         try:
             return score_files(files[0], results, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
         except (ResultsError, UsageError) as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    results = (files[1], csv, bad)
-    proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), json.dumps(stages), *map(str, results)],
+    results, choices = (files[1], csv, bad), [None, ["hybrid"], ["nosuch"]]
+    proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), json.dumps(choices), *map(str, results)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and not proc.stderr, proc.stderr
     got = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert len(got) == len(results)
-    for each, path in zip(got, results, strict=True):
-        assert each["forked"] and not each["left"], path
-        assert each["out"] == json.loads(json.dumps(expected(path))), path
+    cases = [(stages, path) for stages in choices for path in results]
+    assert len(got) == len(cases)
+    for each, (stages, path) in zip(got, cases, strict=True):
+        assert each["forked"] and not each["left"], (stages, path)
+        assert each["out"] == json.loads(json.dumps(expected(path, stages))), (stages, path)
 
 
 def test_a_child_still_at_work_is_killed_when_the_caller_stops(tmp_path):
