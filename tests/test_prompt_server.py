@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,8 +44,9 @@ def serving() -> Iterator[tuple[PromptServer, threading.Thread, int]]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
+        deadline = time.monotonic() + 30
         while not server.started:
-            assert thread.is_alive(), "the server did not start"
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             thread.join(0.01)
         yield server, thread, port
     finally:
@@ -99,7 +101,9 @@ def test_an_idle_server_shuts_down_without_uvicorns_graceful_wait(monkeypatch):
         with httpx.Client() as client:
             assert client.get(f"http://127.0.0.1:{port}/").status_code == 200
         # the client has closed its connection; wait until the server has seen it go
+        deadline = time.monotonic() + 10
         while server.server_state.connections:
+            assert time.monotonic() < deadline, "the server never saw the client's connection close"
             thread.join(0.01)
         server.stop_soon()
         thread.join(10)
