@@ -89,14 +89,20 @@ def test_stop_soon_before_the_main_loop_runs_still_stops_the_server(slow_ticks):
     sock.close()
 
 
-def test_an_idle_server_shuts_down_without_uvicorns_graceful_wait(monkeypatch):
-    graceful = []
+@pytest.fixture
+def graceful(monkeypatch) -> list[int]:
+    """The open connections at each call of uvicorn's own (graceful) shutdown, which then runs as ever."""
+    calls: list[int] = []
+    original = uvicorn.Server.shutdown
 
     async def recorded(self, sockets=None):
-        graceful.append(len(self.server_state.connections))
+        calls.append(len(self.server_state.connections))
         await original(self, sockets)
-    original = uvicorn.Server.shutdown
     monkeypatch.setattr(uvicorn.Server, "shutdown", recorded)
+    return calls
+
+
+def test_an_idle_server_shuts_down_without_uvicorns_graceful_wait(graceful):
     with serving() as (server, thread, port):
         with httpx.Client() as client:
             assert client.get(f"http://127.0.0.1:{port}/").status_code == 200
@@ -110,14 +116,7 @@ def test_an_idle_server_shuts_down_without_uvicorns_graceful_wait(monkeypatch):
     assert graceful == []
 
 
-def test_a_request_in_flight_is_answered_whole_before_the_server_stops(monkeypatch):
-    graceful = []
-
-    async def recorded(self, sockets=None):
-        graceful.append(len(self.server_state.connections))
-        await original(self, sockets)
-    original = uvicorn.Server.shutdown
-    monkeypatch.setattr(uvicorn.Server, "shutdown", recorded)
+def test_a_request_in_flight_is_answered_whole_before_the_server_stops(graceful):
     answers: list[httpx.Response] = []
     with serving() as (server, thread, port):
         asking = threading.Thread(target=lambda: answers.append(httpx.get(f"http://127.0.0.1:{port}/slow", timeout=10)))
