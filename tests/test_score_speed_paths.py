@@ -337,6 +337,28 @@ def test_parquet_read_a_batch_at_a_time_matches_the_frame_path(tmp_path_factory,
         same_scores(score(ts, path, METRICS), score(ts, read_results(path), METRICS))
 
 
+def test_results_written_as_one_row_group_are_read_in_one_piece_without_a_copy(tmp_path):
+    """``write_results`` writes Parquet as one row group (Arrow's default starts another every 1,048,576 rows,
+    each with dictionaries of its own to merge on reading): ``parquet_codes`` takes the text columns' indices
+    and the ranks as the file's reader gives them (views, not copies), and they are the table's values."""
+    n_q, width = (1 << 20) // 40 + 3, 40   # just over one default row group
+    rng = np.random.default_rng(7)
+    chunks = np.array([f"doc{i // 10}#{i % 10}" for i in range(5_000)], dtype=object)
+    df = pd.DataFrame({
+        "query_id": np.repeat([f"q{i}" for i in range(n_q)], width), "stage": "final", "repeat": 1,
+        "rank": np.tile(np.arange(1, width + 1), n_q), "chunk_id": chunks[rng.integers(0, len(chunks), n_q * width)],
+        "score": 0.5, "status": "ok"})
+    path = write_results(df, tmp_path / "results.parquet")
+    assert pq.read_metadata(path).num_row_groups == 1
+    rc = read_results_for_scoring(path)
+    assert isinstance(rc, ResultCodes) and len(rc) == len(df) > 1 << 20
+    for column in (rc.query, rc.chunk, rc.rank):
+        assert not column.flags.owndata   # a view of what the reader gave
+    assert rc.queries[rc.query].tolist() == df["query_id"].tolist()
+    assert rc.chunks[rc.chunk].tolist() == df["chunk_id"].tolist()
+    assert rc.rank.tolist() == df["rank"].tolist()
+
+
 @pytest.mark.parametrize("sort_16bit", [True, False])
 @pytest.mark.parametrize(("rows", "width", "k", "values"), [
     (0, 7, 5, 40), (1, 1, 1, 3), (50, 2, 5, 3), (500, 7, 5, 40), (500, 100, 20, 65_536),

@@ -305,7 +305,9 @@ class _TextCodes:
     into the codes as they arrive (its values come first in the merged dictionary, so their indices are
     their codes); the indices of a piece of any other dictionary are kept as they are (a view of the
     piece's buffer) until :meth:`finish` merges the dictionaries met (one hash pass over their values) and
-    translates each such piece through a lookup table straight into the codes: one pass over each row.
+    translates each such piece through a lookup table straight into the codes: one pass over each row. A
+    column that comes in one piece (a file of one row group) has its indices for codes: a read-only view,
+    no copy.
     """
 
     def __init__(self, n: int):
@@ -331,7 +333,10 @@ class _TextCodes:
         self.nulls = self.nulls or indices.null_count > 0
         values = _numbers(indices, fill=-1)   # the last slot of every lookup table serves null
         k = self._dictionary(arr.dictionary)
-        if k == 0:
+        if k == 0 and at == 0 and len(arr) == len(self.codes) and values.dtype == self.codes.dtype:
+            self.codes = values   # the whole column in one piece: its indices are the codes (a read-only view)
+            self._first.append((at, at + len(arr)))
+        elif k == 0:
             self.codes[at:at + len(arr)] = values
             self._first.append((at, at + len(arr)))
         else:
@@ -372,7 +377,8 @@ class _TextCodes:
 
 class _IntValues:
     """An integer column fed a piece at a time: its values (0 where null; int32 when they fit, a read-only
-    view when constant) and its null mask."""
+    view when constant, or of the Arrow array's own values when the column came in one piece) and its null
+    mask."""
 
     def __init__(self, n: int):
         self.values = np.empty(n, np.int32)
@@ -391,6 +397,10 @@ class _IntValues:
             lo, hi = min(lo, 0), max(hi, 0)
         self.lo = lo if self.lo is None else min(lo, self.lo)
         self.hi = hi if self.hi is None else max(hi, self.hi)
+        if at == 0 and len(arr) == len(self.values) and pa.types.is_signed_integer(arr.type):
+            # the whole column in one piece: its values, without a copy
+            self.values = _numbers(arr)
+            return
         if self.values.dtype == np.int32 and not (self.lo >= -(1 << 31) and self.hi < (1 << 31)):
             self.values = self.values.astype(np.int64)
         self.values[at:at + len(arr)] = _numbers(arr)
@@ -441,7 +451,12 @@ def _parquet_codes(p: Path) -> ResultCodes | None:
               if c in names and c not in constant]
     with pq.ParquetFile(p, read_dictionary=[c for c in _CATEGORIES if c in wanted]) as pf:
         schema = pa.schema([pf.schema_arrow.field(c) for c in wanted])
-        batches = pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
+        if meta.num_row_groups == 1:
+            # what write_results writes: read whole, a column per core; each column comes in one piece (one
+            # dictionary per text column), and its indices or values are the codes, without a copy
+            batches: Iterable[pa.RecordBatch] = pf.read(columns=wanted).to_batches()
+        else:
+            batches = pf.iter_batches(batch_size=_BATCH_ROWS, columns=wanted)
         return ResultCodes.from_batches(schema, batches, meta.num_rows, constant)
 
 

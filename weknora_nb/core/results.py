@@ -307,8 +307,18 @@ def read_results_for_scoring(path: str | Path) -> pd.DataFrame | ResultCodes:
     return codes if codes is not None else read_results(Path(path))
 
 
+#: the largest dictionary page of a column written to Parquet (Arrow's default is 1 MiB): beyond it the
+#: writer stores the rest of the column as plain text, which a reader must hash again
+_DICTIONARY_PAGE_BYTES = 64 << 20
+
+
 def write_results(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write a results table atomically (temp file + rename) as Parquet, CSV or JSONL."""
+    """Write a results table atomically (temp file + rename) as Parquet, CSV or JSONL.
+
+    Parquet is written as one row group with one dictionary per text column (up to 64 MiB of distinct
+    text): a reader then takes each column in one piece, its dictionary indices as they are
+    (:func:`weknora_nb.core.codes.parquet_codes`), instead of merging a dictionary per million rows.
+    """
     p = Path(path)
     suffix = p.suffix.lower()
     out = df.copy(deep=False)
@@ -322,7 +332,8 @@ def write_results(df: pd.DataFrame, path: str | Path) -> Path:
     with atomic_path(p) as tmp:
         if suffix in (".parquet", ".pq"):
             table = pa.Table.from_pandas(out, preserve_index=False)
-            pq.write_table(table, tmp)
+            pq.write_table(table, tmp, row_group_size=max(table.num_rows, 1),
+                           dictionary_pagesize_limit=_DICTIONARY_PAGE_BYTES)
         elif suffix == ".csv":
             out.to_csv(tmp, index=False, encoding="utf-8")
         else:
