@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -359,19 +360,22 @@ def test_results_written_as_one_row_group_are_read_in_one_piece_without_a_copy(t
     assert rc.rank.tolist() == df["rank"].tolist()
 
 
+@pytest.mark.parametrize("two_threads", [False, True])
 @pytest.mark.parametrize("sort_16bit", [True, False])
 @pytest.mark.parametrize(("rows", "width", "k", "values"), [
     (0, 7, 5, 40), (1, 1, 1, 3), (50, 2, 5, 3), (500, 7, 5, 40), (500, 100, 20, 65_536),
     ((1 << 21) // 100 + 3, 100, 20, 200),  # over one block of rows
 ])
-def test_first_k_distinct_sorted_as_16_or_32_bit_values_is_the_plain_reading(sort_16bit, rows, width, k, values):
+def test_first_k_distinct_sorted_as_16_or_32_bit_values_is_the_plain_reading(two_threads, sort_16bit, rows, width,
+                                                                             k, values):
     """Rows of chunk codes (repeats within a row, short and long rows, rows over one block) give each row's
     first K distinct codes and its number of repeats, whether the rows are sorted as 16-bit values (where numpy
-    sorts them in SIMD) or as they are: the choice is speed only."""
+    sorts them in SIMD) or as they are, in one thread or with the second half of the rows in another: the
+    choices are speed only."""
     rng = np.random.default_rng(rows + width)
     grid = rng.integers(0, values, size=(rows, width)).astype(np.int32)
-    with mock.patch.object(requests_module, "SORT_16BIT", sort_16bit):
-        top, n_dup = requests_module._first_k_distinct(grid, k, below=65_536)
+    with mock.patch.object(requests_module, "SORT_16BIT", sort_16bit), ThreadPoolExecutor(1) as pool:
+        top, n_dup = requests_module._first_k_distinct(grid, k, below=65_536, pool=pool if two_threads else None)
     for r in rng.choice(rows, size=min(rows, 300), replace=False) if rows else []:
         distinct = list(dict.fromkeys(grid[r].tolist()))
         assert top[r].tolist() == (distinct + [-1] * k)[:min(k, width)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,16 +126,17 @@ class Prepared:
 
 
 def prepare(rc: ResultCodes, source: str, stages: Iterable[str] | None, k_max: int,
-            n_expanded: int = 0) -> Prepared:
+            n_expanded: int = 0, pool: Executor | None = None) -> Prepared:
     """Keep the rows of ``stages`` (every row when None), group them into requests, check their structure,
-    and lay out each request's first ``k_max`` distinct chunks (``source`` names the results in errors).
+    and lay out each request's first ``k_max`` distinct chunks (``source`` names the results in errors). With a
+    ``pool`` (a second thread), the lists of the second half of the requests are laid out there.
 
     Raises :class:`UsageError` naming the stages the results hold when one of ``stages`` has no row, and
     :class:`ResultsError` for a request whose rows carry different statuses or give a rank twice."""
     rc, row_number, kept = _keep_stages(rc, stages)
     rows = _group_rows(rc, row_number)
     _check_structure(rows, source)
-    return Prepared(rows.requests(), _distinct_lists(rows, k_max), kept, n_expanded)
+    return Prepared(rows.requests(), _distinct_lists(rows, k_max, pool), kept, n_expanded)
 
 
 def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
@@ -305,7 +306,7 @@ def _check_structure(rows: _Rows, source: str) -> None:
 # -- 4. each request as a row of a grid; duplicates out; the first K_max kept ----------------
 
 
-def _distinct_lists(rows: _Rows, k_max: int) -> Lists:
+def _distinct_lists(rows: _Rows, k_max: int, pool: Executor | None = None) -> Lists:
     """Step 4: each request's first ``k_max`` distinct chunk codes (first position kept, ranks closed up)
     and its counts of distinct and repeated chunk ids (over the whole list)."""
     lengths = rows.lengths
@@ -318,7 +319,7 @@ def _distinct_lists(rows: _Rows, k_max: int) -> Lists:
     else:
         grid, kept_len, n_dups = _ragged_grid(rows, k_max)
         below = None
-    top, n_dup = _first_k_distinct(grid, k_max, below)
+    top, n_dup = _first_k_distinct(grid, k_max, below, pool)
     n_dups += n_dup
     return Lists(top=top, n_returned=kept_len - n_dups, n_duplicates=n_dups)
 
@@ -356,29 +357,46 @@ def _ragged_grid(rows: _Rows, k_max: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return grid, kept_len, n_dups
 
 
-def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None, pool: Executor | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """For each row of ``grid`` (values >= 0, padding < 0): the first ``k`` distinct values
     in row order (padded with -1) and the number of repeated values in the row.
 
     A sorted copy of each row finds the rows holding a repeat (as 16-bit values when ``below``
     says every value is in 0 .. 65,535 and numpy sorts them in SIMD, :data:`SORT_16BIT`: half the
     bytes to sort); only those rows are argsorted
-    to tell first occurrences from repeats, and compacted (lists are short, repeats rare).
+    to tell first occurrences from repeats, and compacted (lists are short, repeats rare). With a ``pool``,
+    the second half of the rows is done there (numpy sorts without the interpreter lock).
     """
     n_rows, width = grid.shape
     top = np.maximum(grid[:, :k], -1)
     n_dup = np.zeros(n_rows, np.int64)
     if width < 2 or not n_rows:
         return top, n_dup
-    # in blocks of rows: small temporaries are recycled instead of freshly mapped each time
     small = np.uint16 if SORT_16BIT and below is not None and below <= (1 << 16) else None
+    mid = n_rows // 2 if pool is not None else n_rows
+    other = pool.submit(_resolve_repeats, grid, mid, n_rows, k, small, top, n_dup) if pool is not None else None
+    _resolve_repeats(grid, 0, mid, k, small, top, n_dup)
+    if other is not None:
+        other.result()
+    return top, n_dup
+
+
+def _resolve_repeats(grid: np.ndarray, lo: int, hi: int, k: int, small: type | None, top: np.ndarray,
+                     n_dup: np.ndarray) -> None:
+    """:func:`_first_k_distinct` of rows ``lo`` .. ``hi`` of ``grid``: the rows holding a repeat get their first
+    ``k`` distinct values in ``top`` and their number of repeats in ``n_dup`` (the other rows are left as they
+    are: ``top`` holds their first ``k`` values already, ``n_dup`` their 0)."""
+    width = grid.shape[1]
+    # in blocks of rows: small temporaries are recycled instead of freshly mapped each time
     block = max(1, (1 << 21) // width)
     suspect = np.concatenate([
         np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) + i
-        for i in range(0, n_rows, block)
-        for srt in [np.sort(grid[i:i + block] if small is None else grid[i:i + block].astype(small), axis=1)]])
+        for i in range(lo, hi, block)
+        for srt in [np.sort(grid[i:min(i + block, hi)] if small is None else grid[i:min(i + block, hi)].astype(small),
+                            axis=1)]] or [np.zeros(0, np.int64)])
     if not len(suspect):
-        return top, n_dup
+        return
     # within a suspect row, sorting value * width + position puts equal values together, earliest first
     sub = grid[suspect]
     srt = np.sort(sub.astype(np.int64) * width + np.arange(width), axis=1)
@@ -393,7 +411,6 @@ def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None) -> tup
     vals = np.take_along_axis(sub, at, axis=1)
     vals[~np.take_along_axis(keep, at, axis=1)] = -1
     top[suspect] = vals
-    return top, n_dup
 
 
 # -- beside the caller's work ------------------------------------------------------------------

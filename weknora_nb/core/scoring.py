@@ -15,8 +15,8 @@ them):
    repeated chunk id are found by sorting each row, and every row keeps its first K_max
    distinct chunk ids (first position kept, ranks closed up, duplicates counted over the
    whole list);
-5. look up the grades (>= 1 only: grade 0 adds nothing) and compute every metric
-   (:func:`_metric_values`);
+5. look up the grades (>= 1 only: grade 0 adds nothing; :func:`_grades`) and compute every metric
+   (:func:`_ranked_lists`, then :func:`~weknora_nb.core.metrics.compute`);
 6. the tables: requests (missing requests included), per_query, excluded, by_repeat,
    summary; then the counts and the warnings.
 
@@ -370,25 +370,38 @@ def _str(x) -> str | None:
     return x if isinstance(x, str) else None
 
 
-def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, default: int = 0) -> np.ndarray:
-    """``table_values`` at the position of each of ``keys`` in ``table_keys`` (sorted, unique), else ``default``.
+class _KeyTable:
+    """Integer keys (sorted, unique) and their values, to look many keys up at once (:meth:`get`).
 
-    Most keys are usually absent, so a hashed byte filter (one multiply and one gather
-    per key) sets them aside before the exact binary search runs on the few candidates.
+    Most keys looked up are usually absent, so a hashed byte filter (one multiply and one gather per key),
+    built once with the table, sets them aside before the exact binary search runs on the few candidates.
     """
-    out = np.full(len(keys), default, dtype=table_values.dtype)
-    if not len(table_keys) or not len(keys):
+
+    _MULT = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray):
+        self.keys, self.values = keys, values
+        bits = int(min(26, max(16, np.ceil(np.log2(max(len(keys), 1) * 16)))))
+        self.shift = np.uint64(64 - bits)
+        self.filter = np.zeros(1 << bits, dtype=np.bool_)
+        self.filter[(keys.astype(np.uint64) * self._MULT) >> self.shift] = True
+
+    def get(self, keys: np.ndarray, default: int = 0) -> np.ndarray:
+        """The value of each of ``keys`` in the table, else ``default``."""
+        out = np.full(len(keys), default, dtype=self.values.dtype)
+        if not len(self.keys) or not len(keys):
+            return out
+        cand = np.flatnonzero(self.filter[(keys.astype(np.uint64) * self._MULT) >> self.shift])
+        at = np.minimum(np.searchsorted(self.keys, keys[cand]), len(self.keys) - 1)
+        found = self.keys[at] == keys[cand]
+        out[cand[found]] = self.values[at[found]]
         return out
-    bits = int(min(26, max(16, np.ceil(np.log2(len(table_keys) * 16)))))
-    shift = np.uint64(64 - bits)
-    mult = np.uint64(0x9E3779B97F4A7C15)
-    bloom = np.zeros(1 << bits, dtype=np.bool_)
-    bloom[(table_keys.astype(np.uint64) * mult) >> shift] = True
-    cand = np.flatnonzero(bloom[(keys.astype(np.uint64) * mult) >> shift])
-    at = np.minimum(np.searchsorted(table_keys, keys[cand]), len(table_keys) - 1)
-    found = table_keys[at] == keys[cand]
-    out[cand[found]] = table_values[at[found]]
-    return out
+
+
+def _lookup(keys: np.ndarray, table_keys: np.ndarray, table_values: np.ndarray, default: int = 0) -> np.ndarray:
+    """``table_values`` at the position of each of ``keys`` in ``table_keys`` (sorted, unique), else ``default``
+    (:class:`_KeyTable`)."""
+    return _KeyTable(table_keys, table_values).get(keys, default)
 
 
 @dataclass
@@ -396,8 +409,7 @@ class _Relevance:
     """The labels scoring needs, as integer keys: grade >= 1 only (grade 0 adds nothing anywhere)."""
 
     chunks: np.ndarray      # distinct chunk ids with a grade >= 1 somewhere
-    keys: np.ndarray        # sorted query_index * len(chunks) + chunk_index
-    grades: np.ndarray      # int8, aligned with keys
+    grades: _KeyTable       # query_index * len(chunks) + chunk_index -> grade (int8)
     n_rel: np.ndarray       # per test-set query: chunks of grade >= 1
     ideal_q: np.ndarray     # the ideal rankings (grades descending), flattened
     ideal_pos: np.ndarray
@@ -418,7 +430,7 @@ class _Relevance:
         ideal_q = q[ideal]
         n_rel = np.bincount(q, minlength=len(testset.queries))
         first = np.cumsum(n_rel) - n_rel
-        return cls(chunks, keys[order], g[order], n_rel, ideal_q,
+        return cls(chunks, _KeyTable(keys[order], g[order]), n_rel, ideal_q,
                    np.arange(len(ideal_q)) - first[ideal_q] + 1, g[ideal])
 
 
@@ -511,32 +523,45 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     mets = _check_options(metrics, domain_adjustment, sub_chunks)
     with ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-scoring") as pool:
         labels = pool.submit(_Relevance.of, testset)   # the test set's side, beside the results' (Arrow, numpy)
-        prepared = _prepare(results, sub_chunks, source, stages, _k_max(mets))
-        return _score_prepared(testset, prepared, mets, labels, domain_adjustment, pool)
+        rc, n_expanded, source = _read(results, sub_chunks, source)
+        positions = pool.submit(lambda: _Positions.of(rc.queries, rc.chunks, testset, labels.result()))
+        prepared = prepare(rc, source, stages, _k_max(mets), n_expanded, pool)   # beside the positions
+        return _score_prepared(testset, prepared, mets, labels, domain_adjustment, pool, positions)
 
 
 def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], labels: Future[_Relevance],
-                    domain_adjustment: float, pool: Executor) -> Scores:
+                    domain_adjustment: float, pool: Executor, positions: Future[_Positions] | None = None) -> Scores:
     """Steps 3, 5 and 6 of :func:`score`: what needs the test set, given the results' side (:func:`_prepare`) and
-    the labels being prepared by ``pool`` (step 3 runs beside them). The metrics (numpy work) are computed in
-    ``pool`` while this thread builds the requests table (pandas)."""
+    the labels being prepared by ``pool`` (step 3 runs beside them). Two threads share step 5 with step 6: the
+    grades of the first half of the requests are looked up in ``pool`` while this thread builds the requests
+    table (pandas) and then looks up the second half's; the metrics are computed in ``pool`` while this thread
+    builds the tables and counts that need no metric. ``pool`` runs its tasks in turn, the labels' first.
+    ``positions``: :class:`_Positions` of the results' queries and chunks, begun earlier (beside
+    :func:`~weknora_nb.core.requests.prepare`), else found here."""
     req, stages = prepared.requests, prepared.stages
-    sel = _select(req, testset)
+    pos = positions.result() if positions is not None else None
+    if pos is None or not pos.serves(req):
+        pos = _Positions.of(req.queries, req.chunks, testset, labels.result())
+    sel = _select(req, testset, pos.in_testset)
     lists = prepared.lists.only(sel.scored)
-    # the labels are ready by now, or soon; the pool runs tasks in turn, so the labels' task is never behind this
-    computed = pool.submit(lambda: _metric_values(req, sel, lists.top, testset, mets, labels.result()))
-    requests, at_scored = _requests_table(req, sel, lists, testset.queries)
-    values = computed.result()
+    top, half = lists.top, len(lists.top) // 2
+    first = pool.submit(lambda: _grades(top[:half], sel.ts_query[:half], pos.in_labels, labels.result()))
+    requests, at_scored = _requests_table(req, sel, lists, testset.queries, pos.query_text)
+    second = _grades(top[half:], sel.ts_query[half:], pos.in_labels, labels.result())
+    grade = np.concatenate([first.result(), second])
+    ranked = pool.submit(lambda: _ranked_lists(req, sel, top, grade, testset, mets, labels.result()))
+    computed = pool.submit(lambda: {m.name: compute(ranked.result(), m) for m in mets[::2]})
+    excluded = _excluded_table(testset.queries, requests)
+    stage_order = stages if stages is not None else _stage_order(req.stages[req.r_stage])
+    counts = _counts(testset.queries, requests, sel, lists, prepared.n_expanded, stage_order, req.repeats)
+    warnings = _warnings(counts, domain_adjustment)
+    values = {m.name: compute(ranked.result(), m) for m in mets[1::2]} | computed.result()
     values = values if at_scored is None else {k: v[at_scored] for k, v in values.items()}
     names = [m.name for m in mets]
     per_query = _per_query_table(requests, values, names, has_latency=req.latency is not None)
-    excluded = _excluded_table(testset.queries, requests)
-    stage_order = stages if stages is not None else _stage_order(req.stages[req.r_stage])
     by_repeat = _by_repeat_table(per_query, names, stage_order)
     summary = _summary_table(by_repeat, _queries_per_stage(req, sel.scored), names, stage_order,
                              domain_adjustment)
-    counts = _counts(testset.queries, requests, sel, lists, prepared.n_expanded, stage_order, req.repeats)
-    warnings = _warnings(counts, domain_adjustment)
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
                   summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)
@@ -637,12 +662,11 @@ def _checked_codes(results: pd.DataFrame, source: str) -> ResultCodes:
 # -- 3. what is scored ---------------------------------------------------------------------
 
 
-def _select(req: Requests, testset: TestSet) -> _Selection:
+def _select(req: Requests, testset: TestSet, q_in_ts: np.ndarray) -> _Selection:
     """Step 3: a request is scored when its status is ``ok`` and its query is a valid query
     of the test set; the reason of every other request (unknown query id, invalid query,
-    ``failed: <kind>``)."""
+    ``failed: <kind>``). ``q_in_ts``: :attr:`_Positions.in_testset`."""
     ts_q = testset.queries
-    q_in_ts = np.append(_index_in(req.queries, ts_q["query_id"]), -1)  # the last slot serves code -1
     ts_valid = ts_q["valid"].to_numpy(dtype=bool)
     r_ts = q_in_ts[req.r_query]
     r_st = req.status
@@ -664,20 +688,49 @@ def _select(req: Requests, testset: TestSet) -> _Selection:
 # -- 5. grades and metrics -----------------------------------------------------------------
 
 
-def _metric_values(req: Requests, sel: _Selection, top: np.ndarray, testset: TestSet,
-                   mets: list[Metric], lab: _Relevance | None = None) -> dict[str, np.ndarray]:
-    """Step 5: each metric's value for every scored request (in request order); ``lab``: the test
-    set's :class:`_Relevance` (computed here when not given).
+@dataclass
+class _Positions:
+    """Where the results' distinct queries and chunks stand on the test set's side, each array with a last slot
+    -1 that code -1 (none) reads: ``in_testset``, each query's row in the test set (-1: unknown);
+    ``in_labels``, each chunk's position among the labels' chunks (:attr:`_Relevance.chunks`; -1: no label of
+    grade >= 1). ``queries`` and ``chunks``: the arrays they were found for; ``query_text``: ``queries`` as
+    Arrow text (what the requests table is built from)."""
+
+    queries: np.ndarray
+    chunks: np.ndarray
+    in_testset: np.ndarray
+    in_labels: np.ndarray
+    query_text: pa.Array
+
+    @classmethod
+    def of(cls, queries: np.ndarray, chunks: np.ndarray, testset: TestSet, lab: _Relevance) -> _Positions:
+        text = _text(queries)
+        return cls(queries, chunks, np.append(_index_in(text, testset.queries["query_id"]), -1),
+                   np.append(_index_in(chunks, lab.chunks), -1), text)
+
+    def serves(self, req: Requests) -> bool:
+        """Whether these are the positions of ``req``'s queries and chunks (the same arrays)."""
+        return self.queries is req.queries and self.chunks is req.chunks
+
+
+def _grades(top: np.ndarray, ts_query: np.ndarray, labelled: np.ndarray, lab: _Relevance) -> np.ndarray:
+    """The grade (>= 1, else 0) of every cell of ``top`` (rows of chunk codes, -1 past a list's end), each row a
+    request of test-set query ``ts_query`` (-1: not in the test set); ``labelled``: :attr:`_Positions.in_labels`."""
+    top_lab = labelled[top]
+    key = ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
+    key[top_lab < 0] = -1  # never a label key
+    return lab.grades.get(key.ravel()).reshape(top.shape)
+
+
+def _ranked_lists(req: Requests, sel: _Selection, top: np.ndarray, grade: np.ndarray, testset: TestSet,
+                  mets: list[Metric], lab: _Relevance) -> RankedLists:
+    """Step 5: what the metric kernels (:func:`~weknora_nb.core.metrics.compute`) read of every scored request
+    (in request order), given the grade of every cell of ``top`` (:func:`_grades`) and the test set's
+    :class:`_Relevance`; with the labelled cells when one of ``mets`` needs them.
 
     Every metric sums over relevant cells only (a grade-0 cell adds nothing), so only they
     go on to the kernels, each with its 1-based position among its request's distinct chunks.
     """
-    lab = lab if lab is not None else _Relevance.of(testset)
-    c_in_lab = np.append(_index_in(req.chunks, lab.chunks), -1)  # the last slot serves -1
-    top_lab = c_in_lab[top]
-    key = sel.ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
-    key[top_lab < 0] = -1  # never a label key
-    grade = _lookup(key.ravel(), lab.keys, lab.grades).reshape(top.shape)
     cell_req, cell_col = np.nonzero(grade >= 1)  # row-major: by request, then position
     sc = np.flatnonzero(sel.scored)  # scored requests, renumbered 0..n_sc-1
     new_id = np.full(req.n, -1)
@@ -689,7 +742,7 @@ def _metric_values(req: Requests, sel: _Selection, top: np.ndarray, testset: Tes
         judged_req, judged_pos = _labelled_cells(req, sel, top, testset)
         rl = replace(rl, judged_req=new_id[judged_req], judged_pos=judged_pos,
                      n_distinct=(top[sc] >= 0).sum(axis=1))
-    return {m.name: compute(rl, m) for m in mets}
+    return rl
 
 
 def _labelled_cells(req: Requests, sel: _Selection, top: np.ndarray, testset: TestSet
@@ -713,11 +766,12 @@ def _labelled_cells(req: Requests, sel: _Selection, top: np.ndarray, testset: Te
 # -- 6. tables, counts, warnings ------------------------------------------------------------
 
 
-def _requests_table(req: Requests, sel: _Selection, lists: Lists, ts_q: pd.DataFrame
+def _requests_table(req: Requests, sel: _Selection, lists: Lists, ts_q: pd.DataFrame, query_text: pa.Array
                     ) -> tuple[pd.DataFrame, np.ndarray | None]:
     """The requests table: every request in (query, stage, repeat) code order whatever the
     order of the file, then the missing ones; and the order that puts the scored requests' values
-    (in request order) in the table's order (None: they are in it already)."""
+    (in request order) in the table's order (None: they are in it already). ``query_text``: ``req.queries``
+    as Arrow text."""
     at_sc = None
     if req.n > 1 and np.any(req.key[1:] < req.key[:-1]):
         by_key: np.ndarray | slice = np.argsort(req.key, kind="stable")
@@ -725,10 +779,10 @@ def _requests_table(req: Requests, sel: _Selection, lists: Lists, ts_q: pd.DataF
     else:
         by_key = slice(None)
     requests = pd.DataFrame({
-        "query_id": _str_array(req.queries, req.r_query),
+        "query_id": query_text.take(req.r_query).to_pandas().array,
         "stage": _str_array(req.stages, req.r_stage),
         "repeat": req.repeats[req.r_repeat],
-        "status": _str_array(sel.status),
+        "status": _str_array(req.statuses, req.status),
         "scored": sel.scored,
         "reason": _str_array(sel.reason),
         "n_returned": lists.n_returned,
