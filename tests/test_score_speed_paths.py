@@ -360,6 +360,22 @@ def test_results_written_as_one_row_group_are_read_in_one_piece_without_a_copy(t
     assert rc.rank.tolist() == df["rank"].tolist()
 
 
+@pytest.mark.parametrize("block", [1, 3, 64, 1 << 18])
+def test_ranks_checked_in_blocks_are_the_plain_check(block):
+    """Whether ranks strictly increase within every run, checked a block of rows at a time, is the check of the
+    whole array at once, wherever a fall or a repeat lies (first row, last row, across a block's edge)."""
+    rng = np.random.default_rng(block)
+    for _ in range(200):
+        n = int(rng.integers(1, 300))
+        rank = np.sort(rng.integers(1, 5, n)).astype(np.int64) + np.cumsum(rng.integers(0, 2, n))
+        brk = rng.random(n - 1) < 0.1
+        if rng.random() < 0.7 and n > 1:
+            at = int(rng.integers(1, n))
+            rank[at] = rank[at - 1] - int(rng.integers(0, 2))   # a fall or a repeat
+        plain = not np.any((rank[1:] <= rank[:-1]) > brk)
+        assert requests_module._ranks_increase(rank, brk, block) == plain
+
+
 @pytest.mark.parametrize("two_threads", [False, True])
 @pytest.mark.parametrize("sort_16bit", [True, False])
 @pytest.mark.parametrize(("rows", "width", "k", "values"), [

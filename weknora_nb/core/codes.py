@@ -164,8 +164,8 @@ class ResultCodes:
                 lambda r: "<NA>" if na is not None and na[r] else repr(int(values[r])))
             _report(problems, path, np.flatnonzero(mask), field, message, first_row, got)
 
-        def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (a reduction, no mask)
-            return bool(len(a)) and extremes(a)[0] < bound
+        def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (one reduction, no mask)
+            return bool(len(a)) and (int(a[0]) if a.ndim == 1 and a.strides[0] == 0 else int(a.min())) < bound
 
         if low(self.query, 0):
             report(self.query < 0, "query_id", "must not be empty")

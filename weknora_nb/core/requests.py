@@ -227,7 +227,10 @@ def _group_rows(rc: ResultCodes, row_number: np.ndarray | None) -> _Rows:
     q, s, rep, rank, c = rc.query, rc.stage, rc.repeat, rc.rank, rc.chunk
     st, statuses = _empty_status_is_ok(rc.status, rc.statuses)
     starts, brk, ordered = _runs(q, s, rep, rank)
-    repeats, r_repeat = np.unique(rep[starts], return_inverse=True)
+    if len(rep) and rep.strides[0] == 0:   # one repeat throughout (a broadcast view): nothing to sort
+        repeats, r_repeat = rep[:1].copy(), np.zeros(len(starts), np.intp)
+    else:
+        repeats, r_repeat = np.unique(rep[starts], return_inverse=True)
     n_s, n_rep = max(len(rc.stages), 1), max(len(repeats), 1)
     key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
     order = None
@@ -263,8 +266,17 @@ def _runs(q: np.ndarray, s: np.ndarray, rep: np.ndarray, rank: np.ndarray) -> tu
         if extremes(a)[0] != extremes(a)[1]:
             brk |= a[1:] != a[:-1]
     starts = np.r_[0, np.flatnonzero(brk) + 1]
-    ordered = not np.any((rank[1:] <= rank[:-1]) > brk)
-    return starts, brk, ordered
+    return starts, brk, _ranks_increase(rank, brk)
+
+
+def _ranks_increase(rank: np.ndarray, brk: np.ndarray, block: int = 1 << 18) -> bool:
+    """Whether ``rank`` strictly increases within every run (``brk[j]``: row j + 1 starts a run): in blocks of
+    rows, whose temporaries stay in the processor's cache (twice as fast as one pass over millions of rows)."""
+    for i in range(0, len(brk), block):
+        j = min(i + block, len(brk))
+        if np.any((rank[i + 1:j + 1] <= rank[i:j]) > brk[i:j]):
+            return False
+    return True
 
 
 def _request_order(key: np.ndarray, lengths: np.ndarray, rank: np.ndarray) -> np.ndarray:

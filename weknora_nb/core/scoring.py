@@ -524,7 +524,7 @@ def score(testset: TestSet, results: pd.DataFrame | ResultCodes | str | os.PathL
     with ThreadPoolExecutor(1, thread_name_prefix="weknora-nb-scoring") as pool:
         labels = pool.submit(_Relevance.of, testset)   # the test set's side, beside the results' (Arrow, numpy)
         rc, n_expanded, source = _read(results, sub_chunks, source)
-        positions = pool.submit(lambda: _Positions.of(rc.queries, rc.chunks, testset, labels.result()))
+        positions = pool.submit(lambda: _Positions.find(rc.queries, rc.chunks, testset, labels, None))
         prepared = prepare(rc, source, stages, _k_max(mets), n_expanded, pool)   # beside the positions
         return _score_prepared(testset, prepared, mets, labels, domain_adjustment, pool, positions)
 
@@ -541,13 +541,13 @@ def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], la
     req, stages = prepared.requests, prepared.stages
     pos = positions.result() if positions is not None else None
     if pos is None or not pos.serves(req):
-        pos = _Positions.of(req.queries, req.chunks, testset, labels.result())
+        pos = _Positions.find(req.queries, req.chunks, testset, labels, pool)
     sel = _select(req, testset, pos.in_testset)
     lists = prepared.lists.only(sel.scored)
     top, half = lists.top, len(lists.top) // 2
-    first = pool.submit(lambda: _grades(top[:half], sel.ts_query[:half], pos.in_labels, labels.result()))
+    first = pool.submit(lambda: _grades(top[:half], sel.ts_query[:half], pos.in_labels.result(), labels.result()))
     requests, at_scored = _requests_table(req, sel, lists, testset.queries, pos.query_text)
-    second = _grades(top[half:], sel.ts_query[half:], pos.in_labels, labels.result())
+    second = _grades(top[half:], sel.ts_query[half:], pos.in_labels.result(), labels.result())
     grade = np.concatenate([first.result(), second])
     ranked = pool.submit(lambda: _ranked_lists(req, sel, top, grade, testset, mets, labels.result()))
     computed = pool.submit(lambda: {m.name: compute(ranked.result(), m) for m in mets[::2]})
@@ -699,14 +699,24 @@ class _Positions:
     queries: np.ndarray
     chunks: np.ndarray
     in_testset: np.ndarray
-    in_labels: np.ndarray
+    in_labels: Future[np.ndarray]
     query_text: pa.Array
 
     @classmethod
-    def of(cls, queries: np.ndarray, chunks: np.ndarray, testset: TestSet, lab: _Relevance) -> _Positions:
+    def find(cls, queries: np.ndarray, chunks: np.ndarray, testset: TestSet, labels: Future[_Relevance],
+             pool: Executor | None) -> _Positions:
+        """The queries' positions found in this thread; the chunks' (which wait for the labels) in ``pool``, or
+        here when None."""
         text = _text(queries)
-        return cls(queries, chunks, np.append(_index_in(text, testset.queries["query_id"]), -1),
-                   np.append(_index_in(chunks, lab.chunks), -1), text)
+        in_testset = np.append(_index_in(text, testset.queries["query_id"]), -1)
+
+        def in_labels() -> np.ndarray:
+            return np.append(_index_in(chunks, labels.result().chunks), -1)
+
+        found: Future[np.ndarray] = pool.submit(in_labels) if pool is not None else Future()
+        if pool is None:
+            found.set_result(in_labels())
+        return cls(queries, chunks, in_testset, found, text)
 
     def serves(self, req: Requests) -> bool:
         """Whether these are the positions of ``req``'s queries and chunks (the same arrays)."""
@@ -715,7 +725,8 @@ class _Positions:
 
 def _grades(top: np.ndarray, ts_query: np.ndarray, labelled: np.ndarray, lab: _Relevance) -> np.ndarray:
     """The grade (>= 1, else 0) of every cell of ``top`` (rows of chunk codes, -1 past a list's end), each row a
-    request of test-set query ``ts_query`` (-1: not in the test set); ``labelled``: :attr:`_Positions.in_labels`."""
+    request of test-set query ``ts_query`` (-1: not in the test set); ``labelled``: what
+    :attr:`_Positions.in_labels` gives."""
     top_lab = labelled[top]
     key = ts_query[:, None].astype(np.int64) * max(len(lab.chunks), 1) + top_lab
     key[top_lab < 0] = -1  # never a label key
