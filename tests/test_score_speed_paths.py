@@ -360,6 +360,20 @@ def test_results_written_as_one_row_group_are_read_in_one_piece_without_a_copy(t
     assert rc.rank.tolist() == df["rank"].tolist()
 
 
+def test_stages_in_the_order_they_first_appear_are_those_of_the_requests_one_by_one():
+    """The stage order score() reports (pipeline role, then first appearance) from a pass per distinct stage is
+    the order of the requests' stage names read one by one, whatever the codes and their order."""
+    from weknora_nb.core.pipeline import stage_order
+    from weknora_nb.core.scoring import _stages_seen
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        names = np.array(rng.permutation(["final", "rerank", "vector", "x", "y"])[:int(rng.integers(1, 6))],
+                         dtype=object)
+        codes = rng.integers(0, len(names), int(rng.integers(0, 30))).astype(np.int8)
+        assert stage_order(_stages_seen(names, codes)) == stage_order(names[codes])
+
+
 @pytest.mark.parametrize("block", [1, 3, 64, 1 << 18])
 def test_ranks_checked_in_blocks_are_the_plain_check(block):
     """Whether ranks strictly increase within every run, checked a block of rows at a time, is the check of the

@@ -552,7 +552,7 @@ def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], la
     ranked = pool.submit(lambda: _ranked_lists(req, sel, top, grade, testset, mets, labels.result()))
     computed = pool.submit(lambda: {m.name: compute(ranked.result(), m) for m in mets[::2]})
     excluded = _excluded_table(testset.queries, requests)
-    stage_order = stages if stages is not None else _stage_order(req.stages[req.r_stage])
+    stage_order = stages if stages is not None else _stage_order(_stages_seen(req.stages, req.r_stage))
     counts = _counts(testset.queries, requests, sel, lists, prepared.n_expanded, stage_order, req.repeats)
     warnings = _warnings(counts, domain_adjustment)
     values = {m.name: compute(ranked.result(), m) for m in mets[1::2]} | computed.result()
@@ -565,6 +565,14 @@ def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], la
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
                   summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)
+
+
+def _stages_seen(stages: np.ndarray, codes: np.ndarray) -> list[str]:
+    """The names of the stages ``codes`` refers to, in the order they first appear: a pass per distinct stage,
+    not a Python loop over the requests."""
+    present = np.flatnonzero(np.bincount(codes, minlength=len(stages))) if len(codes) else np.zeros(0, np.intp)
+    first = [int(np.argmax(codes == c)) for c in present]
+    return [str(stages[c]) for _, c in sorted(zip(first, present, strict=True))]
 
 
 def _k_max(mets: list[Metric]) -> int:
