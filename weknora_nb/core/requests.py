@@ -27,6 +27,7 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +173,7 @@ def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
 class _Rows:
     """The rows grouped into requests (step 1), as steps 2 and 4 read them.
 
-    Row arrays (``query`` .. ``has_chunk``, one entry per row) are in an order where each
+    Row arrays (``query`` .. ``status``, and :attr:`has_chunk`, one entry per row) are in an order where each
     request's rows lie together, in rank order; request arrays (``starts`` .. ``key``) have
     one entry per request, in the order the requests' rows come.
     """
@@ -183,7 +184,6 @@ class _Rows:
     rank: np.ndarray
     chunk: np.ndarray             # chunk code, -1 where none (a failed request's row)
     status: np.ndarray            # status code; an empty status reads as ``ok``
-    has_chunk: np.ndarray         # chunk >= 0
     brk: np.ndarray               # brk[j]: row j + 1 starts a request
     ordered: bool                 # ranks strictly increase within every request
     statuses: np.ndarray          # status names (``ok`` added when an empty status needed it)
@@ -196,6 +196,17 @@ class _Rows:
     repeats: np.ndarray           # distinct repeat numbers, ascending
     r_repeat: np.ndarray          # each request's repeat, as a position in ``repeats``
     key: np.ndarray               # (query * n_stages + stage) * n_repeats + repeat position, int64
+
+    @cached_property
+    def has_chunk(self) -> np.ndarray:
+        """Whether each row returned a chunk (``chunk >= 0``): made when a step needs it (rows with no chunk are
+        rare, and :attr:`all_chunks` tells without an array)."""
+        return self.chunk >= 0
+
+    @cached_property
+    def all_chunks(self) -> bool:
+        """Whether every row returned a chunk (one reduction)."""
+        return not len(self.chunk) or extremes(self.chunk)[0] >= 0
 
     @property
     def n(self) -> int:
@@ -241,7 +252,7 @@ def _group_rows(rc: ResultCodes, row_number: np.ndarray | None) -> _Rows:
         starts, brk, ordered = _runs(q, s, rep, rank)
         r_repeat = np.searchsorted(repeats, rep[starts])
         key = (q[starts].astype(np.int64) * n_s + s[starts]) * n_rep + r_repeat
-    return _Rows(codes=rc, query=q, stage=s, rank=rank, chunk=c, status=st, has_chunk=c >= 0, brk=brk,
+    return _Rows(codes=rc, query=q, stage=s, rank=rank, chunk=c, status=st, brk=brk,
                  ordered=ordered, statuses=statuses, order=order, row_number=row_number, starts=starts,
                  lengths=np.diff(np.r_[starts, len(rc)]), r_query=q[starts], r_stage=s[starts],
                  repeats=repeats, r_repeat=r_repeat, key=key)
@@ -322,7 +333,7 @@ def _distinct_lists(rows: _Rows, k_max: int, pool: Executor | None = None) -> Li
     """Step 4: each request's first ``k_max`` distinct chunk codes (first position kept, ranks closed up)
     and its counts of distinct and repeated chunk ids (over the whole list)."""
     lengths = rows.lengths
-    if rows.n and lengths.min() == lengths.max() and rows.has_chunk.all():
+    if rows.n and lengths.min() == lengths.max() and rows.all_chunks:
         # the usual case: every request returned the same number of chunks, so the rows are the grid
         kept_len = lengths.copy()
         grid = rows.chunk.reshape(rows.n, int(lengths[0]))
