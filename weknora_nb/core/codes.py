@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-__all__ = ["ResultCodes", "parquet_codes", "extremes", "in_background"]
+__all__ = ["ResultCodes", "parquet_codes", "extremes", "least", "in_background"]
 
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
@@ -165,7 +165,7 @@ class ResultCodes:
             _report(problems, path, np.flatnonzero(mask), field, message, first_row, got)
 
         def low(a: np.ndarray, bound: int) -> bool:  # any value below bound? (one reduction, no mask)
-            return bool(len(a)) and (int(a[0]) if a.ndim == 1 and a.strides[0] == 0 else int(a.min())) < bound
+            return bool(len(a)) and least(a) < bound
 
         if low(self.query, 0):
             report(self.query < 0, "query_id", "must not be empty")
@@ -199,6 +199,12 @@ class ResultCodes:
         report(empty if given is None else empty & given, "chunk_id",
                "is empty but a rank is given (an empty result is one row with no rank and no chunk)")
         return problems
+
+
+def least(a: np.ndarray) -> int:
+    """The minimum of a non-empty integer array (one reduction); of a broadcast view (one value throughout)
+    without a pass."""
+    return int(a[0]) if a.ndim == 1 and a.strides[0] == 0 else int(a.min())
 
 
 def extremes(a: np.ndarray) -> tuple[int, int]:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from weknora_nb.core.codes import ResultCodes, extremes, in_background, parquet_codes
+from weknora_nb.core.codes import ResultCodes, extremes, in_background, least, parquet_codes
 from weknora_nb.core.errors import Problem, ResultsError, UsageError
 from weknora_nb.core.forked import Forked
 from weknora_nb.core.pipeline import stage_order as _stage_order
@@ -206,7 +206,7 @@ class _Rows:
     @cached_property
     def all_chunks(self) -> bool:
         """Whether every row returned a chunk (one reduction)."""
-        return not len(self.chunk) or extremes(self.chunk)[0] >= 0
+        return not len(self.chunk) or least(self.chunk) >= 0
 
     @property
     def n(self) -> int:
@@ -260,7 +260,7 @@ def _group_rows(rc: ResultCodes, row_number: np.ndarray | None) -> _Rows:
 
 def _empty_status_is_ok(status: np.ndarray, statuses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Status codes and names where an empty status (code -1) reads as ``ok``."""
-    if not len(status) or extremes(status)[0] >= 0:
+    if not len(status) or least(status) >= 0:
         return status, statuses
     if "ok" not in statuses:
         statuses = np.append(statuses, "ok")
@@ -274,7 +274,7 @@ def _runs(q: np.ndarray, s: np.ndarray, rep: np.ndarray, rank: np.ndarray) -> tu
         return np.zeros(0, np.int64), np.zeros(0, bool), True
     brk = q[1:] != q[:-1]
     for a in (s, rep):  # a constant column cannot break a run
-        if extremes(a)[0] != extremes(a)[1]:
+        if (lo_hi := extremes(a))[0] != lo_hi[1]:
             brk |= a[1:] != a[:-1]
     starts = np.r_[0, np.flatnonzero(brk) + 1]
     return starts, brk, _ranks_increase(rank, brk)
@@ -309,7 +309,7 @@ def _check_structure(rows: _Rows, source: str) -> None:
     problems: list[Problem] = []
     st, brk, n_rows = rows.status, rows.brk, len(rows.query)
     queries, stages = rows.codes.queries, rows.codes.stages
-    if n_rows > 1 and extremes(st)[0] != extremes(st)[1]:
+    if n_rows > 1 and (lo_hi := extremes(st))[0] != lo_hi[1]:
         mixed = np.flatnonzero((st[1:] != st[:-1]) > brk) + 1
         for r in np.unique(np.searchsorted(rows.starts, mixed, side="right") - 1)[:20]:
             problems.append(Problem(source, rows.row_of(rows.starts[r]), "status",
