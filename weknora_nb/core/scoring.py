@@ -384,14 +384,20 @@ class _KeyTable:
         bits = int(min(26, max(16, np.ceil(np.log2(max(len(keys), 1) * 16)))))
         self.shift = np.uint64(64 - bits)
         self.filter = np.zeros(1 << bits, dtype=np.bool_)
-        self.filter[(keys.astype(np.uint64) * self._MULT) >> self.shift] = True
+        self.filter[self._slots(keys)] = True
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's slot in the filter: its 64 bits times an odd constant, the top bits kept (one temporary)."""
+        h = (keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)) * self._MULT
+        h >>= self.shift
+        return h
 
     def get(self, keys: np.ndarray, default: int = 0) -> np.ndarray:
         """The value of each of ``keys`` in the table, else ``default``."""
         out = np.full(len(keys), default, dtype=self.values.dtype)
         if not len(self.keys) or not len(keys):
             return out
-        cand = np.flatnonzero(self.filter[(keys.astype(np.uint64) * self._MULT) >> self.shift])
+        cand = np.flatnonzero(self.filter[self._slots(keys)])
         at = np.minimum(np.searchsorted(self.keys, keys[cand]), len(self.keys) - 1)
         found = self.keys[at] == keys[cand]
         out[cand[found]] = self.values[at[found]]
