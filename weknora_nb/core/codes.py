@@ -9,6 +9,7 @@ imported (:class:`weknora_nb.core.requests.PrepareAhead`, in a child process or 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -224,8 +225,10 @@ def _blank_as_missing(codes: np.ndarray, values: np.ndarray | pa.Array) -> tuple
     if blank.any():
         lut = np.append(np.where(blank, -1, np.arange(len(blank))), -1)  # the last slot serves code -1
         codes = lut[codes]
+    if "pandas" in sys.modules:   # pyarrow's conversion (1.5x faster) imports pandas: only once it is there
+        return codes, arr.to_numpy(zero_copy_only=False)
     text = np.empty(len(arr), dtype=object)
-    text[:] = arr.to_pylist()   # not to_numpy, which imports pandas (see _numbers)
+    text[:] = arr.to_pylist()   # see _numbers
     return codes, text
 
 

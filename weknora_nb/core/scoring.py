@@ -561,10 +561,11 @@ def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], la
     stage_order = stages if stages is not None else _stage_order(_stages_seen(req.stages, req.r_stage))
     counts = _counts(testset.queries, requests, sel, lists, prepared.n_expanded, stage_order, req.repeats)
     warnings = _warnings(counts, domain_adjustment)
+    scored = _scored_rows(requests, has_latency=req.latency is not None)
     values = {m.name: compute(ranked.result(), m) for m in mets[1::2]} | computed.result()
     values = values if at_scored is None else {k: v[at_scored] for k, v in values.items()}
     names = [m.name for m in mets]
-    per_query = _per_query_table(requests, values, names, has_latency=req.latency is not None)
+    per_query = _per_query_table(scored, values, names)
     by_repeat = _by_repeat_table(per_query, names, stage_order)
     summary = _summary_table(by_repeat, _queries_per_stage(req, sel.scored), names, stage_order,
                              domain_adjustment)
@@ -850,15 +851,18 @@ def _missing_requests(req: Requests, sel: _Selection, ts_q: pd.DataFrame) -> pd.
         "reason": "missing: not collected", "n_returned": 0, "n_duplicates": 0, "latency_ms": np.nan})
 
 
-def _per_query_table(requests: pd.DataFrame, values: dict[str, np.ndarray], names: list[str], *,
-                     has_latency: bool) -> pd.DataFrame:
-    """One row per scored request: ids, one column per metric, list counts, latency (when
-    the results carry it)."""
+def _scored_rows(requests: pd.DataFrame, *, has_latency: bool) -> pd.DataFrame:
+    """The requests table's scored rows, with what :func:`_per_query_table` shows of them besides the metrics:
+    ids, list counts, latency (when the results carry it)."""
     counts = ["n_returned", "n_duplicates", *(["latency_ms"] if has_latency else [])]
-    scored = requests.loc[requests["scored"], ["query_id", "stage", "repeat", *counts]].reset_index(drop=True)
+    return requests.loc[requests["scored"], ["query_id", "stage", "repeat", *counts]].reset_index(drop=True)
+
+
+def _per_query_table(scored: pd.DataFrame, values: dict[str, np.ndarray], names: list[str]) -> pd.DataFrame:
+    """One row per scored request (:func:`_scored_rows`): ids, one column per metric, list counts, latency."""
     metrics = pd.DataFrame({name: values[name] for name in names}, index=scored.index)
     # joined once (a column inserted per metric copies the table's index and blocks each time)
-    return pd.concat([scored[["query_id", "stage", "repeat"]], metrics, scored[counts]], axis=1)
+    return pd.concat([scored[["query_id", "stage", "repeat"]], metrics, scored.iloc[:, 3:]], axis=1)
 
 
 def _excluded_table(ts_q: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
