@@ -252,7 +252,7 @@ def _frame_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
 
 def _numbers(arr: pa.Array, fill: float = 0) -> np.ndarray:
     """The values of an Arrow array of integers or floats as a numpy array (``fill`` where null): without a
-    null, a read-only view of its buffer. pyarrow's ``to_numpy`` (and ``fill_null``, ``pa.array``,
+    null, a view of its buffer (not to be written to). pyarrow's ``to_numpy`` (and ``fill_null``, ``pa.array``,
     ``pa.scalar``) import pandas first: 0.3 s more for the reading that
     :class:`~weknora_nb.core.requests.PrepareAhead` runs beside the caller's own import of pandas (a thread
     would wait for that import, or hold it up). Other types take pyarrow's conversion."""
@@ -315,8 +315,8 @@ class _TextCodes:
     their codes); the indices of a piece of any other dictionary are kept as they are (a view of the
     piece's buffer) until :meth:`finish` merges the dictionaries met (one hash pass over their values) and
     translates each such piece through a lookup table straight into the codes: one pass over each row. A
-    column that comes in one piece (a file of one row group) has its indices for codes: a read-only view,
-    no copy.
+    column that comes in one piece (a file of one row group) has its indices for codes: a view of the
+    reader's buffer, no copy.
     """
 
     def __init__(self, n: int):
@@ -342,11 +342,11 @@ class _TextCodes:
         self.nulls = self.nulls or indices.null_count > 0
         values = _numbers(indices, fill=-1)   # the last slot of every lookup table serves null
         k = self._dictionary(arr.dictionary)
-        if k == 0 and at == 0 and len(arr) == len(self.codes) and values.dtype == self.codes.dtype:
-            self.codes = values   # the whole column in one piece: its indices are the codes (a read-only view)
-            self._first.append((at, at + len(arr)))
-        elif k == 0:
-            self.codes[at:at + len(arr)] = values
+        if k == 0:
+            if at == 0 and len(arr) == len(self.codes) and values.dtype == self.codes.dtype:
+                self.codes = values   # the whole column in one piece: its indices are the codes (no copy)
+            else:
+                self.codes[at:at + len(arr)] = values
             self._first.append((at, at + len(arr)))
         else:
             self._later.append((at, values, k))

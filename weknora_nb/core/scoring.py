@@ -398,8 +398,9 @@ class _KeyTable:
         if not len(self.keys) or not len(keys):
             return out
         cand = np.flatnonzero(self.filter[self._slots(keys)])
-        at = np.minimum(np.searchsorted(self.keys, keys[cand]), len(self.keys) - 1)
-        found = self.keys[at] == keys[cand]
+        wanted = keys[cand]
+        at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
+        found = self.keys[at] == wanted
         out[cand[found]] = self.values[at[found]]
         return out
 
