@@ -437,3 +437,27 @@ def test_system_description_missing_file(tmp_path):
         load_system_description(tmp_path / "none.yaml")
     with pytest.raises(ConfigError, match="is a folder"):
         load_system_description(tmp_path)
+
+
+#: what a process the command line started sees of the switches it sets (it runs the ``version`` command first)
+LEAN_SWITCHES = """
+import os, subprocess, sys
+from weknora_nb import cli
+sys.argv = ["weknora-nb", "--version"]
+try:
+    cli.run()
+except SystemExit:
+    pass
+print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'), "
+                      "os.environ.get('NUMPY_MADVISE_HUGEPAGE'))"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.parametrize(("given", "seen"), [({}, "1 0"), ({"OPENBLAS_NUM_THREADS": "4"}, "4 0")])
+def test_the_command_line_sets_one_blas_thread_and_no_huge_pages_unless_the_caller_chose(given, seen):
+    """The processes the command line starts inherit ``OPENBLAS_NUM_THREADS=1`` and ``NUMPY_MADVISE_HUGEPAGE=0``;
+    a value the caller set is kept."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "NUMPY_MADVISE_HUGEPAGE")}
+    proc = subprocess.run([sys.executable, "-c", LEAN_SWITCHES], capture_output=True, text=True, timeout=60,
+                          env={**env, **given})
+    assert proc.stdout.strip().splitlines()[-1] == seen, proc.stderr

@@ -25,6 +25,7 @@ from unittest import mock
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -360,6 +361,28 @@ def test_results_written_as_one_row_group_are_read_in_one_piece_without_a_copy(t
     assert rc.rank.tolist() == df["rank"].tolist()
 
 
+def test_columns_without_a_null_are_written_required_and_read_back_the_same(tmp_path):
+    """``write_results`` marks each column that holds no null ``required`` (no definition levels for a reader to
+    decode); a column with a null (a failed request's chunk) stays ``optional``. The table reads back the same,
+    through ``read_results`` and through the scoring path."""
+    df = pd.DataFrame({"query_id": ["q1", "q1", "q2"], "stage": "final", "repeat": 1, "rank": [1, 2, pd.NA],
+                       "chunk_id": ["a", "b", None], "score": [0.9, 0.5, None],
+                       "status": ["ok", "ok", "failed: timeout"]}).astype({"rank": "Int64"})
+    path = write_results(df, tmp_path / "results.parquet")
+    kinds = {c.name: c.max_definition_level for c in pq.ParquetFile(path).schema}
+    assert kinds == {"query_id": 0, "stage": 0, "repeat": 0, "rank": 1, "chunk_id": 1, "score": 1, "status": 0}
+    back, optional = read_results(path), tmp_path / "optional.parquet"
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), optional)   # every column optional
+    assert {c.max_definition_level for c in pq.ParquetFile(optional).schema} == {1}
+    pd.testing.assert_frame_equal(back, read_results(optional))
+    ts = TestSet.from_records([{"query_id": "q1", "query": "x", "relevant": {"a": 1}},
+                               {"query_id": "q2", "query": "y", "relevant": {"b": 1}}])
+    same_scores(score(ts, path, METRICS), score(ts, back, METRICS))
+    # no row, and a column of Arrow's null type (no value to give it another): it stays nullable, as Arrow requires
+    for odd in (df.iloc[:0].assign(error=pd.Series([], dtype=object)), df.assign(error=None)):
+        assert read_results(write_results(odd, tmp_path / "odd.parquet")).shape == odd.shape
+
+
 def test_stages_in_the_order_they_first_appear_are_those_of_the_requests_one_by_one():
     """The stage order score() reports (pipeline role, then first appearance) from a pass per distinct stage is
     the order of the requests' stage names read one by one, whatever the codes and their order."""
@@ -484,7 +507,8 @@ def test_csv_relevant_json_read_fast_keeps_every_problem(tmp_path, relevant, pro
 #: pieces of records: what the record-by-record check accepts (some of it stripped), then what it refuses
 _IDS = mostly(["q1", "q2", "q3", " q1", "q4\t", "é", "中 文", "a:b", 'a"b', "a\\b", 7, -3, "\u3000q5", "q6\x85", "😀"],
               ["", "  ", 10 ** 20, 1.5, True, None])
-_CHUNKS = mostly(["c1", "c2", "c3", " c4", "c:5", 'c"6', "c\\7", "中", "x" * 30], ["", " ", " c1"])
+_CHUNKS = mostly(["c1", "c2", "c3", " c4", "c:5", 'c"6', "c\\7", "中", "x" * 30, "文档é", "c\u3000", "\xa0c", "c\x1c",
+                  "c\x7f"], ["", " ", " c1"])
 _GRADES = mostly([0, 1, 2, 3], [-1, 4, 1.0, 2.5, True, "2", None, 2 ** 64])
 _TEXT = mostly(["text", " padded ", "中文？", 'say "hi"', "back\\slash", "\u2028"],
                ["", "   ", "tab\there", "line\nbreak", 7, None])
@@ -614,13 +638,13 @@ def test_hash_of_a_generated_test_set_is_the_one_before_issue_17(tmp_path):
     assert ts.hash == PINNED_3000
     ts.to_jsonl(tmp_path / "t.jsonl")
     assert load_testset(tmp_path / "t.jsonl").hash == PINNED_3000
-    assert testset_module._content_hash(ts.queries, ts.qrels, slice_size=97) == PINNED_3000
+    assert testset_module._content_hash(ts.queries, ts.qrels, ts.label_rows, slice_size=97) == PINNED_3000
 
 
 def test_hash_of_a_hand_built_frame_with_object_tags():
     ts = TestSet.from_records(pinned_records()[:50])
     queries = ts.queries.assign(tags=pd.Series([list(t) for t in ts.queries["tags"]], dtype=object))
-    assert queries["tags"].dtype == object and testset_module._content_hash(queries, ts.qrels) == ts.hash
+    assert queries["tags"].dtype == object and TestSet(queries, ts.qrels).hash == ts.hash
 
 
 #: a fresh process of one thread that ignores SIGCHLD (the system then reaps its children itself): one child

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from weknora_nb import TestSetError, load_testset, load_trec_qrels
@@ -220,3 +223,31 @@ def test_trec_export_refuses_whitespace_ids(tmp_path):
 def test_subset_keeps_order():
     ts = TestSet.from_records(GOOD)
     assert ts.subset(["q003", "q001"]).queries["query_id"].tolist() == ["q001", "q003"]
+
+
+def test_label_rows_are_each_labels_query_whatever_the_loader(tmp_path):
+    """:attr:`TestSet.label_rows` as the builder records them (each query's labels follow in query order)
+    are the rows a lookup of each label's query id finds, for every loader and both paths of the JSONL
+    reader (a block at once; line by line, where a lone \\r sends the block)."""
+    recs = [{k: r[k] for k in ("query_id", "query", "relevant")} for r in GOOD] + [
+        {"query_id": f"x{i}", "query": "y", "relevant": {f"c{j}": j % 4 for j in range(i % 5)}} for i in range(40)]
+    jsonl = write_jsonl(tmp_path / "t.jsonl", recs)
+    lone_cr = tmp_path / "cr.jsonl"
+    lone_cr.write_bytes(jsonl.read_bytes().replace(b"\n", b"\r", 3))
+    rows = [{"query_id": r["query_id"], "query": r["query"], "relevant": json.dumps(r["relevant"])} for r in recs]
+    csv, text_pq, map_pq = tmp_path / "t.csv", tmp_path / "text.parquet", tmp_path / "map.parquet"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    pd.DataFrame(rows).to_parquet(text_pq)
+    pq.write_table(pa.Table.from_pylist([{**r, "relevant": list(json.loads(r["relevant"]).items())} for r in rows],
+                                        pa.schema([("query_id", pa.string()), ("query", pa.string()),
+                                                   ("relevant", pa.map_(pa.string(), pa.int64()))])), map_pq)
+    loaded = [TestSet.from_records(recs), *map(load_testset, (jsonl, lone_cr, csv, text_pq, map_pq))]
+    loaded[0].to_trec_qrels(tmp_path / "q.qrels", tmp_path / "topics.tsv")
+    loaded.append(load_trec_qrels(tmp_path / "q.qrels", tmp_path / "topics.tsv"))
+    for ts in loaded:
+        assert ts.hash == loaded[0].hash
+    dataset = load_testset(Path(__file__).resolve().parent / "data" / "weknora-dataset-format")
+    for ts in [*loaded, dataset]:
+        looked_up = TestSet(ts.queries, ts.qrels).label_rows   # frames given by hand: found by id
+        assert ts.label_rows.tolist() == looked_up.tolist() and len(looked_up) == len(ts.qrels)
+        assert not ts.label_rows.flags.writeable

@@ -1055,20 +1055,26 @@ _ENDS_AT_ONCE = frozenset({"_cmd_score"})
 _OWN_PROCESS = {"run": False}
 
 
-def _no_huge_pages() -> None:
-    """numpy of this process (and of the processes it starts) does not ask for transparent huge pages for its
-    large arrays (``NUMPY_MADVISE_HUGEPAGE=0``, numpy's documented switch, unless the caller set it; read when
-    numpy is imported, which the command line does not do before a command runs).
+def _lean_process() -> None:
+    """This process, and the processes it starts, skip two costs of short-lived work on a small machine (each
+    switch is left as the caller set it; both are read when numpy is imported, which the command line does not do
+    before a command runs).
 
-    A command's arrays live for a moment and the kernel zeroes each huge page whole when it is first
-    touched. On the 2-core virtual machines the project runs on, a ``perf`` profile of ``weknora-nb score``
-    on 10 million rows (``benchmarks/bench_scoring.py``'s data) found half of its CPU time in that zeroing
-    (``clear_page_erms`` under ``do_huge_pmd_anonymous_page``); ten runs each, interleaved: 1.20-3.20 s
-    (median 1.77) with huge pages, 1.15-1.38 s (median 1.22) without.
+    - **No transparent huge pages for numpy's large arrays** (``NUMPY_MADVISE_HUGEPAGE=0``, numpy's documented
+      switch). A command's arrays live for a moment, and the kernel zeroes each huge page whole when it is first
+      touched. On the 2-core virtual machines the project runs on, a ``perf`` profile of ``weknora-nb score`` on
+      10 million rows (``benchmarks/bench_scoring.py``'s data) found half of its CPU time in that zeroing
+      (``clear_page_erms`` under ``do_huge_pmd_anonymous_page``); ten runs each, interleaved: 1.20-3.20 s
+      (median 1.77) with huge pages, 1.15-1.38 s (median 1.22) without.
+    - **One OpenBLAS thread** (``OPENBLAS_NUM_THREADS=1``): OpenBLAS starts a thread per core that spins before
+      it sleeps, 0.08-0.10 s of CPU in each process that imports numpy (``weknora-nb score`` on those rows: 1.21
+      -> 1.13 s of user CPU, 12 runs each, interleaved). Nothing here multiplies large matrices (the sandbox's
+      reranker multiplies one query's vector by its candidates').
     """
     import os
 
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def run() -> int:
@@ -1080,7 +1086,7 @@ def run() -> int:
     imported and built: 0.1 s of the 1.3 s ``weknora-nb score`` takes on 10 million rows. Any other
     command, an error and a traceback end as usual.
     """
-    _no_huge_pages()
+    _lean_process()
     _OWN_PROCESS["run"] = True
     ended: list[str] = []
     try:

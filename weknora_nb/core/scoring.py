@@ -427,7 +427,7 @@ class _Relevance:
         qrels = testset.qrels
         g = qrels["grade"].to_numpy()
         rel = pa.array(g >= 1)
-        q = _index_in(_text(qrels["query_id"]).filter(rel), testset.queries["query_id"])
+        q = testset.label_rows[g >= 1]
         g = g[g >= 1].astype(np.int8)
         enc = pc.dictionary_encode(_text(qrels["chunk_id"]).filter(rel))
         c_code, chunks = enc.indices.to_numpy().astype(np.int64), enc.dictionary.to_numpy(zero_copy_only=False)
@@ -777,7 +777,7 @@ def _labelled_cells(req: Requests, sel: _Selection, top: np.ndarray, testset: Te
     """The cells of ``top`` whose chunk carries a label for its query, grade 0 included, as
     (request, 1-based position), row-major: what label coverage (``judged@K``) counts."""
     qrels = testset.qrels
-    q = _index_in(_text(qrels["query_id"]), testset.queries["query_id"])
+    q = testset.label_rows
     enc = pc.dictionary_encode(_text(qrels["chunk_id"]))
     chunks = enc.dictionary.to_numpy(zero_copy_only=False)
     width = max(len(chunks), 1)

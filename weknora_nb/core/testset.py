@@ -157,12 +157,21 @@ class TestSet:
         sorted([chunk_id, grade] pairs), query_type or null, sorted(tags)]``; it is fed
         to the digest in slices, built with Arrow, never as one text.
         """
-        return _content_hash(self.queries, self.qrels)
+        return _content_hash(self.queries, self.qrels, self.label_rows)
+
+    @cached_property
+    def label_rows(self) -> np.ndarray:
+        """Each label's query as a row of :attr:`queries` (int64, read-only; -1 for a label of no query).
+        Known when the test set is built (each query's labels follow in query order); looked up by id for
+        frames given by hand."""
+        rows = _positions(self.qrels["query_id"], self.queries["query_id"]).astype(np.int64)
+        rows.setflags(write=False)
+        return rows
 
     def records(self) -> list[dict[str, Any]]:
         """The records as plain dicts (canonical JSONL schema), in file order; fresh objects each call."""
         q = self.queries
-        relevant = _relevant_dicts(q, self.qrels)
+        relevant = _relevant_dicts(q, self.qrels, self.label_rows)
         out = []
         cols = q[["query_id", "query", "query_type", "tags", "answer", "weight"]].itertuples(index=False, name=None)
         for (qid, text, qtype, tags, answer, weight), rel in zip(cols, relevant, strict=True):
@@ -372,13 +381,15 @@ def _grade_text(grade: pa.Array) -> pa.Array:
     return pc.cast(grade, _TEXT)
 
 
-def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, slice_size: int = 16_384) -> str:
-    """:attr:`TestSet.hash` of the two frames (see there for the canonical form), a slice of queries at a time,
-    every step an Arrow or numpy operation over the slice."""
+def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, label_rows: np.ndarray,
+                  slice_size: int = 16_384) -> str:
+    """:attr:`TestSet.hash` of the two frames (see there for the canonical form; ``label_rows``: each label's
+    query as a row of ``queries``, :attr:`TestSet.label_rows`), a slice of queries at a time, every step an
+    Arrow or numpy operation over the slice."""
     qid = _arrow_text(queries["query_id"])
     n = len(qid)
     order = _hash_order(qid)
-    label_rows = _label_rows(_positions(qrels["query_id"], queries["query_id"]), n)
+    labels_of = _label_rows(label_rows, n)
     chunk, grade = _arrow_text(qrels["chunk_id"]), pa.array(qrels["grade"].to_numpy().astype(np.int8))
     chunk_escape = _escape_mask(chunk)
     texts, types, tags = _arrow_text(queries["query"]), _arrow_text(queries["query_type"]), _tag_column(queries["tags"])
@@ -387,7 +398,7 @@ def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, slice_size: int = 
     h = hashlib.sha256(b"[")
     for start in range(0, n, slice_size):
         stop = min(start + slice_size, n)
-        at, offsets = label_rows(slice(start, stop) if order is None else order[start:stop])
+        at, offsets = labels_of(slice(start, stop) if order is None else order[start:stop])
         labels = _labels_json(_take(chunk, at), grade.take(pa.array(at)),
                               None if chunk_escape is None else chunk_escape[at], offsets)
         parts = [',["', _json_inner(rows.pick(qid, start, stop), rows.mask(escape["id"], start, stop)), '","',
@@ -409,10 +420,10 @@ def _string_bytes(arr: pa.Array) -> memoryview:
     return memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
 
 
-def _relevant_dicts(queries: pd.DataFrame, qrels: pd.DataFrame) -> list[dict[str, int]]:
-    """Each query's labels as a fresh ``{chunk_id: grade}`` (file order), aligned with ``queries``."""
+def _relevant_dicts(queries: pd.DataFrame, qrels: pd.DataFrame, pos: np.ndarray) -> list[dict[str, int]]:
+    """Each query's labels as a fresh ``{chunk_id: grade}`` (file order), aligned with ``queries``; ``pos``: each
+    label's query as a row of ``queries`` (:attr:`TestSet.label_rows`)."""
     out: list[dict[str, int]] = [{} for _ in range(len(queries))]
-    pos = _positions(qrels["query_id"], queries["query_id"])
     by = np.argsort(pos, kind="stable")
     chunks = qrels["chunk_id"].to_numpy(dtype=object)[by].tolist()
     for p, c, g in zip(pos[by].tolist(), chunks, qrels["grade"].to_numpy()[by].tolist(), strict=True):
@@ -635,7 +646,7 @@ def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
     import orjson
 
     data = b"".join(block)
-    if data.count(b"\r") != data.count(b"\r\n"):   # a lone \r ends a line too: the numbering moves
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):   # a lone \r ends a line too: the numbering moves
         return False
     blank = list(map(bytes.isspace, block))
     at = np.flatnonzero(~np.array(blank, dtype=bool)) if any(blank) else None
@@ -1301,21 +1312,42 @@ def _bulk_ids(values: list[Any]) -> tuple[list[str], list[str]] | None:
     return None if "" in key else (key, spelled)
 
 
-def _bulk_labels(rel: list[Any]) -> tuple[np.ndarray, list[str], np.ndarray] | None:
-    """(labels per record, chunk ids, grades) when each ``relevant`` is a plain dict of stripped, non-empty
-    string ids to integer grades 0-3, else None."""
+def _bulk_labels(rel: list[Any]) -> tuple[np.ndarray, pa.Array, np.ndarray] | None:
+    """(labels per record, chunk ids as Arrow text, grades) when each ``relevant`` is a plain dict of stripped,
+    non-empty string ids to integer grades 0-3, else None. A chunk id with a lone surrogate raises
+    UnicodeEncodeError."""
     if set(map(type, rel)) != {dict}:
         return None
-    n_lab = np.fromiter(map(len, rel), np.int64, len(rel))
+    n_lab = np.array(list(map(len, rel)), np.int64)
     cids = list(chain.from_iterable(rel))
     grades = list(chain.from_iterable(map(dict.values, rel)))
-    if not cids:
-        return n_lab, cids, np.zeros(0, np.int8)
-    if set(map(type, cids)) != {str} or set(map(type, grades)) != {int} or "" in cids \
-            or list(map(str.strip, cids)) != cids:
+    if set(map(type, cids)) - {str} or set(map(type, grades)) - {int}:
+        return None
+    ids = pa.array(cids, _TEXT)
+    if _blank_or_padded(ids, cids):
         return None
     g = np.fromiter(grades, np.int64, len(grades))   # OverflowError: an integer past int64
-    return (n_lab, cids, g.astype(np.int8)) if g.min() >= 0 and g.max() <= 3 else None
+    return (n_lab, ids, g.astype(np.int8)) if not len(g) or (g.min() >= 0 and g.max() <= 3) else None
+
+
+#: the first and the last byte of a string that ends in whitespace as Python strips it: an ASCII space or control
+#: character, or the lead or last byte of a character written in more than one byte (U+0085, U+00A0, U+2000...)
+_MAY_PAD = np.zeros(256, bool)
+_MAY_PAD[[*range(0x21), 0x7F, *range(0x80, 0x100)]] = True
+
+
+def _blank_or_padded(ids: pa.Array, values: list[str]) -> bool:
+    """Whether any of ``values`` (``ids``: the same, as Arrow text) is empty or not stripped (``str.strip``
+    would change it). Only the strings whose first or last byte may belong to whitespace are stripped in
+    Python; the bytes of the others are looked at once."""
+    if not len(ids):
+        return False
+    offsets = np.frombuffer(ids.buffers()[1], np.int64, len(ids) + 1, ids.offset * 8)
+    if (offsets[1:] == offsets[:-1]).any():
+        return True
+    data = np.frombuffer(ids.buffers()[2], np.uint8)
+    maybe = np.flatnonzero(_MAY_PAD[data[offsets[:-1]]] | _MAY_PAD[data[offsets[1:] - 1]])
+    return any(values[i].strip() != values[i] for i in maybe.tolist())
 
 
 def _bulk_tags(tags: list[Any]) -> pa.Array | None:
@@ -1369,7 +1401,7 @@ def _bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | 
         weights = pa.array(weight, pa.int64())
         cols = {"query_id": pa.array(ids[0], _TEXT), "query": pa.array(text, _TEXT),
                 "query_type": pa.array(qtype, _TEXT), "answer": pa.array(answer, _TEXT), "weight": weights,
-                "tags": tags, "chunk_id": pa.array(labels[1], _TEXT)}
+                "tags": tags, "chunk_id": labels[1]}
     except (UnicodeEncodeError, ValueError, OverflowError, pa.ArrowException):
         return None
     if weights.null_count < len(weights) and pc.min(weights).as_py() < 1:
@@ -1529,6 +1561,9 @@ class _Builder:
             "grade": self._column("grade").to_numpy().astype(np.int8),
         })
         ts = TestSet(queries=queries, qrels=qrels, source=self.path)
+        rows = np.repeat(np.arange(len(queries), dtype=np.int64), queries["n_labelled"].to_numpy())
+        rows.setflags(write=False)
+        ts.__dict__["label_rows"] = rows   # known here: each query's labels follow in query order (no lookup)
         n_invalid = int((~queries["valid"]).sum())
         if n_invalid:
             log.info("%s: %d of %d queries have no chunk of grade >= 1 and are invalid: %s",
