@@ -71,6 +71,13 @@ def test_a_write_that_waits_goes_on_as_a_task_with_what_it_awaited():
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert log2 == [("started", "outside"), "cancelled inside"] and waiting.cancelled()
+
+        log3: list = []   # cancelled before its task's first step: the write still sees the cancellation
+        at_once = asyncio.get_running_loop().create_task(WRITES(log3, asyncio.get_running_loop().create_future()))
+        at_once.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await at_once
+        assert log3 == [("started", "outside"), "cancelled inside"] and at_once.cancelled()
     run_on_loop_with_factory(main())
 
 

@@ -18,8 +18,8 @@ Python before 3.12; a caller's own event loop (Jupyter's) is left as it is.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import contextvars
-import types
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -49,24 +49,29 @@ def body_writes_at_once(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, An
         failed = loop.create_future()
         failed.set_exception(exc)
         return failed
-    return asyncio.Task(_resumed(coro, waiting_on), loop=loop, context=context)
+    return asyncio.Task(_Resumed(coro, waiting_on), loop=loop, context=context)
 
 
-@types.coroutine
-def _resumed(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Generator[Any, Any, Any]:
-    """``coro`` driven on from the point where its first step stopped (``waiting_on``: what it yielded, the future
-    it waits for): what ``await coro`` would do from there, the values sent and the exceptions thrown (a
-    cancellation) passed on to it."""
-    while True:
-        try:
-            sent = yield waiting_on
-        except BaseException as exc:  # noqa: BLE001 - a cancellation thrown into the task: coro's to handle
-            try:
-                waiting_on = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                waiting_on = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
+class _Resumed(collections.abc.Coroutine):
+    """``coro``, whose first step was run by hand and stopped at ``waiting_on`` (the future it waits for), as the
+    coroutine its task drives from there: the task's first step is handed ``waiting_on``; every later value sent,
+    and every exception thrown (a cancellation, even one before that first step), goes to ``coro``."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any):
+        self._coro = coro
+        self._first = [waiting_on]
+
+    def send(self, value: Any) -> Any:
+        if self._first:
+            return self._first.pop()
+        return self._coro.send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        self._first.clear()
+        return self._coro.throw(*exc)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        raise TypeError("a resumed body write is driven by its task, never awaited")
