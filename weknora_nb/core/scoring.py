@@ -426,10 +426,10 @@ class _Relevance:
     def of(cls, testset: TestSet) -> _Relevance:
         qrels = testset.qrels
         g = qrels["grade"].to_numpy()
-        rel = pa.array(g >= 1)
-        q = testset.label_rows[g >= 1]
-        g = g[g >= 1].astype(np.int8)
-        enc = pc.dictionary_encode(_text(qrels["chunk_id"]).filter(rel))
+        rel = g >= 1
+        q = testset.label_rows[rel]
+        g = g[rel].astype(np.int8)
+        enc = pc.dictionary_encode(_text(qrels["chunk_id"]).filter(pa.array(rel)))
         c_code, chunks = enc.indices.to_numpy().astype(np.int64), enc.dictionary.to_numpy(zero_copy_only=False)
         keys = q * max(len(chunks), 1) + c_code
         order = np.argsort(keys, kind="stable")

@@ -260,7 +260,7 @@ def _escape_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     masks: list[np.ndarray | None] = []
     for ch in chunks:
-        offsets = np.frombuffer(ch.buffers()[1], np.int64, len(ch) + 1, ch.offset * 8) if len(ch) else np.zeros(1)
+        offsets = _text_offsets(ch) if len(ch) else np.zeros(1)
         lo, hi = int(offsets[0]), int(offsets[-1])
         data = bytes(memoryview(ch.buffers()[2])[lo:hi]) if hi > lo else b""
         if not data.translate(None, _JSON_PLAIN):
@@ -413,9 +413,15 @@ def _content_hash(queries: pd.DataFrame, qrels: pd.DataFrame, label_rows: np.nda
     return "sha256:" + h.hexdigest()
 
 
+def _text_offsets(arr: pa.Array) -> np.ndarray:
+    """The offsets of a large_string array's values into its data buffer (``len(arr) + 1`` of them, int64): a view,
+    not to be written to."""
+    return np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr) + 1, offset=arr.offset * 8)
+
+
 def _string_bytes(arr: pa.Array) -> memoryview:
     """The UTF-8 bytes of a large_string array's values, end to end."""
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr) + 1, offset=arr.offset * 8)
+    offsets = _text_offsets(arr)
     data = arr.buffers()[2]
     return memoryview(data)[int(offsets[0]):int(offsets[-1])] if data is not None else memoryview(b"")
 
@@ -1342,7 +1348,7 @@ def _blank_or_padded(ids: pa.Array, values: list[str]) -> bool:
     Python; the bytes of the others are looked at once."""
     if not len(ids):
         return False
-    offsets = np.frombuffer(ids.buffers()[1], np.int64, len(ids) + 1, ids.offset * 8)
+    offsets = _text_offsets(ids)
     if (offsets[1:] == offsets[:-1]).any():
         return True
     data = np.frombuffer(ids.buffers()[2], np.uint8)
