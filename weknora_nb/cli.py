@@ -1108,13 +1108,10 @@ def _keep_freed_memory() -> bool:
     GiB free, the heap grown 64 MiB at a time (glibc's defaults: a mapping of its own above 32 MiB, returned when
     freed; an arena per thread). Whether it was set (glibc on Linux). On ``benchmarks/bench_scoring.py``'s 10
     million rows the child process that prepares the results took 20,000 page faults instead of 35,000."""
-    if not sys.platform.startswith("linux"):
-        return False
     import ctypes
 
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):   # no C library to be had, or one without mallopt
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all([mallopt(param, value) == 1 for _, param, value in _MALLOPT])
@@ -1127,20 +1124,30 @@ _PR_SET_THP_DISABLE = 41
 
 def _no_huge_pages() -> bool:
     """No transparent huge pages for this process's memory from now on (Linux 3.15+; inherited by the children
-    it forks); whether it was set. Arrow's allocator asks for them: a 2 MiB page is zeroed whole when first
-    touched, and where no free one is at hand the kernel compacts memory first, which is what made the reading of
-    10 million rows cost 0.03-0.6 s of system time from one run to the next."""
-    if not sys.platform.startswith("linux"):
-        return False
+    it forks); whether it was set. Arrow's allocator asks for them (270 MB of the child's memory after reading
+    ``benchmarks/bench_scoring.py``'s 10 million rows), and a 2 MiB page is zeroed whole when first touched, after
+    the kernel has found or made (compacting memory) a free one: with them, that reading cost 0.02-0.6 s of system
+    time from one run to the next, over the same page faults."""
     import ctypes
 
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _libc_function("prctl")
+    if prctl is None:
         return False
     prctl.restype = ctypes.c_int
     return prctl(_PR_SET_THP_DISABLE, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
                  ctypes.c_ulong(0)) == 0
+
+
+def _libc_function(name: str) -> Any:
+    """The C library's function ``name`` (ctypes), on Linux; None elsewhere, or where it has none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):   # no C library to be had, or one without the function
+        return None
 
 
 def run() -> int:
