@@ -6,6 +6,7 @@ Exit 0 success, 1 a negative verdict, 2 unusable input; an error is one line on 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -540,11 +541,11 @@ def test_no_huge_pages_for_the_process_and_its_forked_children():
 
 #: ``weknora-nb score`` run as the program (``cli.run``), telling on stderr when it sets its memory up
 SCORE_KEEPS_MEMORY = """
-import sys
+import gc, sys
 from weknora_nb import cli
 setup = cli._short_lived_memory
 def told():
-    print("set", *setup(), file=sys.stderr, flush=True)
+    print("set", *setup(), "collector", gc.isenabled(), file=sys.stderr, flush=True)
 cli._short_lived_memory = told
 sys.argv = ["weknora-nb", "score", sys.argv[1], sys.argv[2], "--json"]
 cli.run()
@@ -552,14 +553,15 @@ cli.run()
 
 
 def test_score_sets_its_memory_up_only_in_a_process_of_its_own(files, monkeypatch, capsys):
-    """The program's ``score`` keeps its freed memory and turns huge pages off (it ends with the command);
-    ``main()`` called by a caller (a notebook, a test) leaves the caller's memory alone."""
+    """The program's ``score`` keeps its freed memory and turns huge pages and the garbage collector off (it ends
+    with the command); ``main()`` called by a caller (a notebook, a test) leaves the caller's memory alone."""
     proc = subprocess.run([sys.executable, "-c", SCORE_KEEPS_MEMORY, str(files[0]), str(files[1])],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and json.loads(proc.stdout)["summary"], proc.stderr
     linux = sys.platform.startswith("linux")
-    assert proc.stderr.strip() == f"set {linux} {linux}"
+    assert proc.stderr.strip() == f"set {linux} {linux} collector False"
     called = []
     monkeypatch.setattr(cli, "_short_lived_memory", lambda: called.append(1))
+    assert gc.isenabled()
     assert cli.main(["score", str(files[0]), str(files[1]), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["summary"] and called == []
+    assert json.loads(capsys.readouterr().out)["summary"] and called == [] and gc.isenabled()
