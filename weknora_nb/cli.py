@@ -1085,19 +1085,18 @@ def _short_lived_memory() -> tuple[bool, bool]:
     garbage collection, for the rest of the process's life and in the children it forks. Whether each of the
     first two was set.
 
-    The garbage collector would walk the objects of every import and of the test set's records again and again
-    for garbage that, in a process about to end, nobody would miss: 173 collections, 40 ms, in ``weknora-nb
-    score`` on ``benchmarks/bench_scoring.py``'s 10 million rows; without them, 20 pairs in turn, 0.97 of the
-    wall time.
-
-    Both cut the time the kernel spends handing out fresh memory, which on the 2-core virtual machines the
-    project runs on varies tenfold with what other processes just freed: ``benchmarks/bench_scoring.py`` frees
+    The first two cut the time the kernel spends handing out fresh memory, which on the 2-core virtual machines
+    the project runs on varies tenfold with what other processes just freed: ``benchmarks/bench_scoring.py`` frees
     gigabytes of pytrec_eval's objects between its runs of ``weknora-nb score``, and there the command's system
     time ranged 0.2-1.3 s over the same user time, 0.8 s. On that benchmark's 10 million rows, each run right
     after pytrec_eval freed its objects, in turn with the command as it was: freed memory kept, 0.955 of the wall
     time (14 pairs; page faults 99,000 -> 76,000); huge pages off as well, 0.93 of that (14 pairs; 0.76-0.83 s
     against 0.76-1.07 s); both, 0.865 of the wall time before (16 pairs; median 0.79 s against 0.91 s). Run
     alone, huge pages off made no difference (1.00, 20 pairs), and the peak memory fell from 0.42 to 0.38 GB.
+
+    The garbage collector would walk the objects of the imports (pandas's among them) again and again for
+    garbage that, in a process about to end, nobody would miss: 173 collections, 40 ms, in ``weknora-nb score``
+    on that benchmark's rows; without them, 20 pairs in turn, 0.97 of the wall time.
     """
     import gc
 
