@@ -126,6 +126,22 @@ def test_json_text_is_json_dumps_of_the_dict(files):
     assert json.loads(sc.to_json_bytes(per_query=False)) == {k: v for k, v in expected.items() if k != "per_query"}
 
 
+@pytest.mark.parametrize("halves_from", [1, 4])
+def test_json_text_built_in_two_halves_is_the_same_text(files, tmp_path, monkeypatch, halves_from):
+    """From ``JSON_HALVES_FROM`` rows the per-query text is built in two halves (the second in a thread): the same
+    bytes as built whole, in every layout (indented, compact, one row a line)."""
+    from weknora_nb.core import scoring
+
+    sc = score(load_testset(files[0]), files[1], ["recall@3", "ndcg@5", "mrr@20", "judged@5"])
+    assert len(sc.per_query_mean()) == 4
+    whole = [sc.to_json_bytes(), sc.to_json_bytes(indent=False), sc.write_per_query(tmp_path / "a.jsonl").read_bytes()]
+    monkeypatch.setattr(scoring, "JSON_HALVES_FROM", halves_from)
+    halves = [sc.to_json_bytes(), sc.to_json_bytes(indent=False), sc.write_per_query(tmp_path / "b.jsonl").read_bytes()]
+    assert halves == whole
+    assert len(scoring._per_query_json(sc.per_query_mean(), sc.metric_names, indent=True)) == 4   # [, 2 halves, ]
+    assert whole[0].decode("utf-8") == json.dumps(sc.to_json_dict(), ensure_ascii=False, indent=2)
+
+
 def test_json_numbers_read_back_as_the_same_doubles():
     from weknora_nb.core.scoring import _json_numbers
     values = [0.0, 1.0, -0.0, 1e-05, 1 / 3, 2 / 3, 0.1, 1e300, 5e-324, 123456789.0, float("nan"), float("inf")]

@@ -302,34 +302,57 @@ def per_query_format(path: str | os.PathLike) -> str:
     return fmt
 
 
+#: rows of ``--json``'s per-query array from which its text is built in two halves at once (:func:`_per_query_json`)
+JSON_HALVES_FROM = 20_000
+
+
 def _per_query_json(table: pd.DataFrame, names: list[str], *, indent: bool,
                     lines: bool = False) -> list[bytes | memoryview]:
     """The rows of :meth:`Scores.per_query_mean` as the JSON array of ``--json`` (``indent``: laid out as
     ``json.dumps(indent=2)`` lays out a list in the top object; ``lines``: one compact object a line
     instead), built column by column with Arrow: numbers in their shortest round-trip form, a missing
-    value as null. The text comes in pieces, to be joined or written."""
-    import orjson
-
+    value as null. The text comes in pieces, to be joined or written. From :data:`JSON_HALVES_FROM` rows the
+    second half's text is built in a thread beside the first's (Arrow joins the pieces without the interpreter
+    lock): 100,000 rows of 9 metrics, 0.053 -> 0.036 s."""
     if not len(table):
         return [] if lines else [b"[]"]
-    keys = ["query_id", "stage", "n_repeats", *names]
     if indent:
         opener, sep, closer, between = "\n    {\n      ", ",\n      ", "\n    }", ","
     else:
         opener, sep, closer, between = "{", ",", "}", "\n" if lines else ","
+    keys = ["query_id", "stage", "n_repeats", *names]
     # ids without their quotes (the quotes go with the text around them), numbers as they are
-    values = [_json_inner(_text(table["query_id"])), _json_inner(_text(table["stage"])),
-              _json_numbers(table["n_repeats"].to_numpy(np.int64)),
-              *[_json_numbers(table[m].to_numpy(np.float64)) for m in names]]
-    parts: list[pa.Array | str] = []
-    for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+    ids, stages = _text(table["query_id"]), _text(table["stage"])
+    numbers = [table["n_repeats"].to_numpy(np.int64), *[table[m].to_numpy(np.float64) for m in names]]
+    texts: list[str] = []
+    for i, key in enumerate(keys):
         before = opener if i == 0 else '"' + sep if i in (1, 2) else sep   # the ids' closing quotes, after them
-        parts += [before + orjson.dumps(key).decode() + (": " if indent else ":") + ('"' if i < 2 else ""), value]
-    parts.append(closer + between)
-    rows = pc.binary_join_element_wise(*[pa.scalar(x, pa.large_string()) if isinstance(x, str) else x
-                                         for x in parts], pa.scalar("", pa.large_string()))
-    body = _string_bytes(rows)[:-len(between)]
-    return [body, b"\n"] if lines else [b"[", body, b"\n  ]" if indent else b"]"]
+        texts.append(before + _json_key(key) + (": " if indent else ":") + ('"' if i < 2 else ""))
+
+    def rows(lo: int, hi: int) -> bytes | memoryview:
+        """The text of rows ``lo`` .. ``hi``, each followed by ``between``."""
+        values = [_json_inner(ids.slice(lo, hi - lo)), _json_inner(stages.slice(lo, hi - lo)),
+                  *[_json_numbers(v[lo:hi]) for v in numbers]]
+        parts = [x for text, value in zip(texts, values, strict=True) for x in (text, value)] + [closer + between]
+        return _string_bytes(pc.binary_join_element_wise(
+            *[pa.scalar(x, pa.large_string()) if isinstance(x, str) else x for x in parts],
+            pa.scalar("", pa.large_string())))
+
+    n = len(table)
+    if n < max(JSON_HALVES_FROM, 2):
+        bodies = [rows(0, n)]
+    else:
+        second = in_background(lambda: rows(n // 2, n), "weknora-nb-json")
+        bodies = [rows(0, n // 2), second.result()]
+    bodies[-1] = memoryview(bodies[-1])[:-len(between)]
+    return [*bodies, b"\n"] if lines else [b"[", *bodies, b"\n  ]" if indent else b"]"]
+
+
+def _json_key(key: str) -> str:
+    """A key as JSON text, quoted."""
+    import orjson
+
+    return orjson.dumps(key).decode()
 
 
 def _json_numbers(v: np.ndarray) -> pa.Array:
