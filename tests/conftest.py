@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import signal
@@ -16,7 +15,6 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from weknora_nb.core.interpreter import YOUNG_THRESHOLD
 from weknora_nb.core.results import _coerce
 
 # ranx, one of the references the metrics are checked against, runs its metric functions here as the Python they
@@ -259,15 +257,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         u = units[i]
         return (0 if u == "demo" else 1 if u in slow else 2 if u in shared else 3), first_seen[u], i
     items[:] = [items[i] for i in sorted(range(len(items)), key=rank)]
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Once the tests are collected: what collecting imported (the package, pandas, hypothesis, the test modules)
-    is left out of the garbage collector's passes for the session, and its youngest generation is collected every
-    5,000 allocations (:data:`weknora_nb.core.interpreter.YOUNG_THRESHOLD`, the pace of a collection), so full
-    passes, which walk every object a worker holds, come less often: 4 instead of 11-13 per worker of `make
-    test-fast`, the collector's CPU 1.1 s instead of 2.1-2.5 s."""
-    gc.collect()
-    gc.freeze()
-    young, *older = gc.get_threshold()
-    gc.set_threshold(max(young, YOUNG_THRESHOLD), *older)

@@ -6,7 +6,6 @@ Exit 0 success, 1 a negative verdict, 2 unusable input; an error is one line on 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -103,7 +102,7 @@ def test_bad_input_exits_2_with_the_place(tmp_path, files, capsys):
         assert cli.main(["score", *map(str, args)]) == 2
         err = capsys.readouterr().err
         assert said in err and "error: " in err and "Traceback" not in err, err
-    # rows the results' side refuses (in the child process it is prepared in): read again here, named as ever
+    # rows the results' side refuses (in the thread it is prepared in): named as ever
     rows = pq.read_table(files[1]).to_pandas()
     rows.loc[1, "rank"] = 1
     twice = write_results(rows, tmp_path / "twice.parquet")
@@ -112,9 +111,9 @@ def test_bad_input_exits_2_with_the_place(tmp_path, files, capsys):
     assert "Traceback" not in proc.stderr
 
 
-def test_score_ends_at_once_with_its_output_whole(files, tmp_path, capsysbinary):
-    """The process of ``weknora-nb score`` ends without the interpreter's teardown (cli.run): every byte of
-    its output is written first, its per-query file too, and its exit code is the command's."""
+def test_score_as_a_program_writes_its_output_whole(files, tmp_path, capsysbinary):
+    """``weknora-nb score`` as a program (cli.run) writes the same bytes as ``main()`` in process, its per-query
+    file too, and its exit code is the command's."""
     args = ["score", *map(str, files), "--json"]
     assert cli.main(args) == 0
     in_process = capsysbinary.readouterr().out
@@ -438,130 +437,3 @@ def test_system_description_missing_file(tmp_path):
         load_system_description(tmp_path / "none.yaml")
     with pytest.raises(ConfigError, match="is a folder"):
         load_system_description(tmp_path)
-
-
-#: what a process the command line started sees of the switches it sets (it runs the ``version`` command first)
-LEAN_SWITCHES = """
-import os, subprocess, sys
-from weknora_nb import cli
-sys.argv = ["weknora-nb", "--version"]
-try:
-    cli.run()
-except SystemExit:
-    pass
-print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'), "
-                      "os.environ.get('NUMPY_MADVISE_HUGEPAGE'))"], capture_output=True, text=True).stdout.strip())
-"""
-
-
-@pytest.mark.parametrize(("given", "seen"), [({}, "1 0"), ({"OPENBLAS_NUM_THREADS": "4"}, "4 0")])
-def test_the_command_line_sets_one_blas_thread_and_no_huge_pages_unless_the_caller_chose(given, seen):
-    """The processes the command line starts inherit ``OPENBLAS_NUM_THREADS=1`` and ``NUMPY_MADVISE_HUGEPAGE=0``;
-    a value the caller set is kept."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "NUMPY_MADVISE_HUGEPAGE")}
-    proc = subprocess.run([sys.executable, "-c", LEAN_SWITCHES], capture_output=True, text=True, timeout=60,
-                          env={**env, **given})
-    assert proc.stdout.strip().splitlines()[-1] == seen, proc.stderr
-
-
-#: page faults of a second 40 MB array made after a first one was freed, in a thread other than the first's: in a
-#: forked child before :func:`cli._keep_freed_memory`, then here and in a child forked after it (numpy's huge pages
-#: off, as the command line has them)
-FREED_MEMORY = """
-import os, resource, sys, threading
-import numpy as np
-from weknora_nb import cli
-
-def faults_of_a_second_array():
-    np.ones(10_000_000, np.int32)   # made and freed at once
-    seen = []
-    def second():
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        np.ones(10_000_000, np.int32)
-        seen.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-    worker = threading.Thread(target=second)
-    worker.start()
-    worker.join()
-    return seen[0]
-
-def in_a_child():
-    read, write = os.pipe()
-    if os.fork() == 0:
-        os.write(write, str(faults_of_a_second_array()).encode())
-        os._exit(0)
-    os.wait()
-    return int(os.read(read, 100))
-
-before = in_a_child()   # in a child: its thread's arena is not this process's
-print(before, cli._keep_freed_memory(), faults_of_a_second_array(), in_a_child())
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_freed_memory_is_kept_for_the_next_allocation_in_any_thread_and_in_a_forked_child():
-    """Without :func:`cli._keep_freed_memory` a 40 MB array made after another was freed comes as fresh pages, a
-    page fault each; with it, the freed memory serves it, in another thread and in a child forked later too."""
-    proc = subprocess.run([sys.executable, "-c", FREED_MEMORY], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NUMPY_MADVISE_HUGEPAGE": "0"})
-    before, kept, after, child = proc.stdout.split()
-    assert kept == "True", proc.stderr
-    assert int(before) >= 9_000 and int(after) < 100 and int(child) < 100   # 40 MB: 9,766 pages of 4 KiB
-
-
-#: whether transparent huge pages serve this process (``/proc/self/status``), then after
-#: :func:`cli._no_huge_pages` here and in a child forked after it
-HUGE_PAGES = """
-import os
-from weknora_nb import cli
-
-def allowed():
-    return [line.split()[1] for line in open("/proc/self/status") if line.startswith("THP_enabled:")][0]
-
-before = allowed()
-done = cli._no_huge_pages()
-read, write = os.pipe()
-if os.fork() == 0:
-    os.write(write, allowed().encode())
-    os._exit(0)
-os.wait()
-print(before, done, allowed(), os.read(read, 10).decode())
-"""
-
-
-def _tells_huge_pages() -> bool:
-    status = Path("/proc/self/status")
-    return status.exists() and "THP_enabled:" in status.read_text()
-
-
-@pytest.mark.skipif(not _tells_huge_pages(), reason="a Linux kernel that tells THP_enabled (5.0+)")
-def test_no_huge_pages_for_the_process_and_its_forked_children():
-    proc = subprocess.run([sys.executable, "-c", HUGE_PAGES], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.split() == ["1", "True", "0", "0"], proc.stderr
-
-
-#: ``weknora-nb score`` run as the program (``cli.run``), telling on stderr when it sets its memory up
-SCORE_KEEPS_MEMORY = """
-import gc, sys
-from weknora_nb import cli
-setup = cli._short_lived_memory
-def told():
-    print("set", *setup(), "collector", gc.isenabled(), file=sys.stderr, flush=True)
-cli._short_lived_memory = told
-sys.argv = ["weknora-nb", "score", sys.argv[1], sys.argv[2], "--json"]
-cli.run()
-"""
-
-
-def test_score_sets_its_memory_up_only_in_a_process_of_its_own(files, monkeypatch, capsys):
-    """The program's ``score`` keeps its freed memory and turns huge pages and the garbage collector off (it ends
-    with the command); ``main()`` called by a caller (a notebook, a test) leaves the caller's memory alone."""
-    proc = subprocess.run([sys.executable, "-c", SCORE_KEEPS_MEMORY, str(files[0]), str(files[1])],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and json.loads(proc.stdout)["summary"], proc.stderr
-    linux = sys.platform.startswith("linux")
-    assert proc.stderr.strip() == f"set {linux} {linux} collector False"
-    called = []
-    monkeypatch.setattr(cli, "_short_lived_memory", lambda: called.append(1))
-    assert gc.isenabled()
-    assert cli.main(["score", str(files[0]), str(files[1]), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["summary"] and called == [] and gc.isenabled()

@@ -16,8 +16,6 @@ import gc
 import json
 import random
 import re
-import signal
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,8 +34,6 @@ from weknora_nb.core import codes as codes_module
 from weknora_nb.core import requests as requests_module
 from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
-from weknora_nb.core.forked import Forked
-from weknora_nb.core.requests import PrepareAhead
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
 from weknora_nb.core.scoring import score_files
 from weknora_nb.core.testset import TestSet, load_testset
@@ -185,163 +181,6 @@ def test_score_files_reports_errors_in_the_order_score_did(tmp_path, files):
     assert str(bad_results) in str(err.value)
 
 
-def test_preparing_a_parquet_file_imports_no_pandas(files, tmp_path):
-    """The results' side runs beside the import of pandas (in a child process for the command line): were the
-    reading to import it (pyarrow's to_numpy, pa.array and pa.scalar do), it would cost the child 0.3 s more,
-    or make a thread wait for that import."""
-    one = tmp_path / "one.parquet"   # stage, repeat and status constant: read from the statistics
-    write_results(results_frame(ranked("q1", ["X", "B", "A"]) + ranked("中文 😀", ["C"])), one)
-    code = ("import sys; from weknora_nb.core.requests import prepare_file; "
-            "n = [prepare_file(p, None, 10).requests.n for p in sys.argv[1:]]; "
-            "print(n, sorted(m for m in ('pandas', 'weknora_nb.core.results') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code, str(files[1]), str(one)], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[8, 2] []", proc.stderr
-
-
-def test_prepare_ahead_in_a_thread_scores_as_the_path_does_and_raises_the_readings_error_when_asked(tmp_path,
-                                                                                                     files):
-    """Without ``fork`` (what a caller of ``cli.main`` or of the library gets), the results are prepared in a
-    thread."""
-    by_path = score_files(*files, ["ndcg@5", "hit@1"])
-    with PrepareAhead(files[1], None, 5) as ahead:
-        assert not ahead.forked
-        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
-    # a file for read_results: None (score_files then reads it)
-    csv = tmp_path / "r.csv"
-    write_results(read_results(files[1]), csv)
-    with PrepareAhead(csv, None, 5) as ahead:
-        assert ahead.result() is None
-    with PrepareAhead(csv, None, 5) as ahead:
-        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == by_path.to_json_dict()
-    bad = tmp_path / "bad.parquet"
-    bad.write_bytes(b"not parquet")
-    with PrepareAhead(bad, None, 5) as ahead, pytest.raises(ResultsError) as err:   # the error waits for the caller
-        ahead.result()
-    assert str(bad) in str(err.value)
-    with PrepareAhead(files[1], ["final"], 5) as ahead, pytest.raises(ValueError, match="other stages"):
-        score_files(files[0], ahead, ["ndcg@5"])   # begun for other stages than asked
-    with PrepareAhead(files[1], None, 5) as ahead, pytest.raises(ValueError, match="shorter lists"):
-        score_files(files[0], ahead, ["ndcg@10"])   # begun for shorter lists than ndcg@10 reads
-
-
-#: a fresh process, one thread: for each choice of stages and each results file PrepareAhead forks a child; prints,
-#: per choice and file, what score_files gives with it, whether a child was forked, and whether any child is left
-#: once the scoring is done
-FORKED = """
-import json, os, sys
-from weknora_nb.core.requests import PrepareAhead
-from weknora_nb.core.scoring import score_files
-testset, choices, files = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
-for stages, results in [(stages, results) for stages in choices for results in files]:
-    try:
-        with PrepareAhead(results, stages, 10, fork=True) as ahead:
-            forked = ahead.forked
-            out = score_files(testset, ahead, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
-    except Exception as exc:
-        out = f"{type(exc).__name__}: {exc}"
-        forked = True
-    try:
-        os.waitpid(-1, os.WNOHANG)
-        left = True
-    except ChildProcessError:
-        left = False
-    print(json.dumps({"forked": forked, "left": left, "out": out}))
-"""
-
-
-def test_prepare_ahead_in_a_child_process_scores_as_the_path_does_and_leaves_no_process(tmp_path, files):
-    """In a process of one thread (the command line's), the results' side runs in a forked child: the figures
-    are those of the path in this process, a CSV file (not for the fast path) and a damaged one are read by
-    the parent (the damage named as ever), a stage the results lack is refused as ever, and no child is left.
-    Every choice of stages and every file in one such process, one after another."""
-    csv = tmp_path / "r.csv"
-    write_results(read_results(files[1]), csv)
-    bad = tmp_path / "bad.parquet"
-    bad.write_bytes(b"not parquet")
-
-    def expected(results, stages):
-        try:
-            return score_files(files[0], results, ["ndcg@10", "hit@1"], stages=stages).to_json_dict()
-        except (ResultsError, UsageError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    results, choices = (files[1], csv, bad), [None, ["hybrid"], ["nosuch"]]
-    proc = subprocess.run([sys.executable, "-c", FORKED, str(files[0]), json.dumps(choices), *map(str, results)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and not proc.stderr, proc.stderr
-    got = [json.loads(line) for line in proc.stdout.splitlines()]
-    cases = [(stages, path) for stages in choices for path in results]
-    assert len(got) == len(cases)
-    for each, (stages, path) in zip(got, cases, strict=True):
-        assert each["forked"] and not each["left"], (stages, path)
-        assert each["out"] == json.loads(json.dumps(expected(path, stages))), (stages, path)
-
-
-def test_a_child_still_at_work_is_killed_when_the_caller_stops(tmp_path):
-    """close() (the end of the with block, an error or an interrupt in the caller) ends the child at once; a
-    child that has finished is reaped with its status."""
-    big = tmp_path / "big.parquet"
-    n = 400_000
-    write_results(pd.DataFrame({"query_id": [f"q{i // 50}" for i in range(n)], "stage": "final", "repeat": 1,
-                                "rank": np.tile(np.arange(1, 51), n // 50),
-                                "chunk_id": [f"c{i % 977}" for i in range(n)], "score": 1.0, "status": "ok"}), big)
-    code = ("import json, sys; from weknora_nb.core.requests import PrepareAhead\n"
-            "with PrepareAhead(sys.argv[1], None, 10, fork=True) as early:\n"
-            "    pass\n"
-            "with PrepareAhead(sys.argv[1], None, 10, fork=True) as late:\n"
-            "    n = late.result().requests.n\n"
-            "print(json.dumps([early.exitcode, late.exitcode, n]))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and json.loads(proc.stdout) == [-signal.SIGKILL, 0, n // 50], proc.stderr
-
-
-#: ``weknora-nb score`` (cli.run, so that it forks) whose results child takes 5 s more than it would
-SLOW_CHILD = """
-import sys, time
-import weknora_nb.core.requests as R
-from weknora_nb.cli import run
-prepare_file = R.prepare_file
-R.prepare_file = lambda *args: time.sleep(5) or prepare_file(*args)
-sys.argv = ["weknora-nb", "score", *sys.argv[1:]]
-raise SystemExit(run())
-"""
-
-
-def test_a_bad_test_set_is_named_while_the_results_child_is_still_at_work(tmp_path, files):
-    """``weknora-nb score`` with a test set it refuses while its child is still reading the results: the one-line
-    error and exit 2, at once. (Two threads used to wait for that child, the one scoring and the one closing it
-    on the error, and the loser's "No child processes" replaced the error with a traceback.)"""
-    bad = tmp_path / "t.jsonl"
-    bad.write_text('{"query_id": "q1", "query": "", "relevant": {"c1": 1}}\n', encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-c", SLOW_CHILD, str(bad), str(files[1]), "--json"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines()[1:] == [f"  - {bad}, line 1, field 'query': must not be empty"]
-
-
-#: a fresh process of one thread: a child at work (a sleep) waited for in one thread while another closes it
-FORKED_CLOSED = """
-import json, threading, time
-from weknora_nb.core.forked import Forked
-child = Forked(lambda: time.sleep(60), "a sleep")
-got = []
-waiter = threading.Thread(target=lambda: got.append(child.result()))
-waiter.start()
-time.sleep(0.3)
-child.close()
-waiter.join(10)
-print(json.dumps([got, child.exitcode, waiter.is_alive()]))
-"""
-
-
-def test_a_child_closed_while_another_thread_waits_for_it_is_killed_and_reaped_once():
-    """close() in one thread while result() waits in another: the child is killed at once, reaped once, and the
-    waiting thread gets None (no result), without an error in either."""
-    proc = subprocess.run([sys.executable, "-c", FORKED_CLOSED], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and not proc.stderr, proc.stderr
-    assert json.loads(proc.stdout) == [[None], -signal.SIGKILL, False]
-
-
 @settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1), group=st.sampled_from([7, 64, 100_000]),
        batch=st.sampled_from([3, 64]))
@@ -430,21 +269,18 @@ def test_ranks_checked_in_blocks_are_the_plain_check(block):
 
 
 @pytest.mark.parametrize("two_threads", [False, True])
-@pytest.mark.parametrize("sort_16bit", [True, False])
 @pytest.mark.parametrize(("rows", "width", "k", "values"), [
     (0, 7, 5, 40), (1, 1, 1, 3), (50, 2, 5, 3), (500, 7, 5, 40), (500, 100, 20, 65_536),
     ((1 << 21) // 100 + 3, 100, 20, 200),  # over one block of rows
 ])
-def test_first_k_distinct_sorted_as_16_or_32_bit_values_is_the_plain_reading(two_threads, sort_16bit, rows, width,
-                                                                             k, values):
+def test_first_k_distinct_is_the_plain_reading(two_threads, rows, width, k, values):
     """Rows of chunk codes (repeats within a row, short and long rows, rows over one block) give each row's
-    first K distinct codes and its number of repeats, whether the rows are sorted as 16-bit values (where numpy
-    sorts them in SIMD) or as they are, in one thread or with the second half of the rows in another: the
-    choices are speed only."""
+    first K distinct codes and its number of repeats, in one thread or with the second half of the rows in
+    another: the choice is speed only."""
     rng = np.random.default_rng(rows + width)
     grid = rng.integers(0, values, size=(rows, width)).astype(np.int32)
-    with mock.patch.object(requests_module, "SORT_16BIT", sort_16bit), ThreadPoolExecutor(1) as pool:
-        top, n_dup = requests_module._first_k_distinct(grid, k, below=65_536, pool=pool if two_threads else None)
+    with ThreadPoolExecutor(1) as pool:
+        top, n_dup = requests_module._first_k_distinct(grid, k, pool=pool if two_threads else None)
     for r in rng.choice(rows, size=min(rows, 300), replace=False) if rows else []:
         distinct = list(dict.fromkeys(grid[r].tolist()))
         assert top[r].tolist() == (distinct + [-1] * k)[:min(k, width)]
@@ -663,39 +499,3 @@ def test_hash_of_a_hand_built_frame_with_object_tags():
     assert queries["tags"].dtype == object and TestSet(queries, ts.qrels).hash == ts.hash
 
 
-#: a fresh process of one thread that ignores SIGCHLD (the system then reaps its children itself): one child
-#: that has finished, one still at work when closed
-SIGCHLD_IGNORED = """
-import json, signal, time
-from weknora_nb.core.forked import Forked
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-done = Forked(lambda: 42, "gives 42")
-time.sleep(0.5)
-sleeping = Forked(lambda: time.sleep(60), "a sleep")
-sleeping.close()
-print(json.dumps([done.result(), done.exitcode, sleeping.exitcode]))
-"""
-
-
-def test_children_the_system_reaps_give_nothing_and_no_error():
-    """In a process that ignores SIGCHLD the children's statuses are gone: nothing is handed back (the caller does
-    the work), the child at work is still killed at once, and neither raises."""
-    proc = subprocess.run([sys.executable, "-c", SIGCHLD_IGNORED], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and not proc.stderr, proc.stderr
-    assert json.loads(proc.stdout) == [None, None, None]
-
-
-def test_no_child_to_be_had_leaves_the_work_to_the_caller(monkeypatch, files):
-    """A fork that fails (a process limit, no memory) gives nothing back, and the caller does the work: the same
-    figures, no error."""
-    def no_fork():
-        raise BlockingIOError(11, "Resource temporarily unavailable")
-
-    monkeypatch.setattr("os.fork", no_fork)
-    monkeypatch.setattr(Forked, "possible", staticmethod(lambda: True))
-    child = Forked(lambda: 1, "the test")
-    assert child.result() is None and child.exitcode is None
-    with PrepareAhead(files[1], None, 5, fork=True) as ahead:
-        assert ahead.forked and ahead.result() is None
-        assert score_files(files[0], ahead, ["ndcg@5", "hit@1"]).to_json_dict() == \
-            score_files(*files, ["ndcg@5", "hit@1"]).to_json_dict()

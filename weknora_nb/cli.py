@@ -268,22 +268,14 @@ def _cmd_score(args: argparse.Namespace) -> int:
     """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
     for a query of the test set): the figures would be empty, not zero. Failed or missing requests
     of a partial run are counted and listed in the output, and the exit stays 0."""
-    if _OWN_PROCESS["run"]:   # the process ends with the command
-        _short_lived_memory()
-    from weknora_nb.core.metrics import parse_metrics
-    from weknora_nb.core.requests import PrepareAhead
+    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
+    from weknora_nb.reports.text import format_scores
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
-    # the results' side of scoring in a child process, while this one imports pandas and loads the test set
-    with PrepareAhead(args.results, args.stage or None, max(m.k for m in parse_metrics(metrics)),
-                      fork=_OWN_PROCESS["run"]) as ahead:
-        from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
-        from weknora_nb.reports.text import format_scores
-
-        if args.per_query_out:
-            per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
-        sc = score_files(args.testset, ahead, metrics, stages=args.stage or None,
-                         domain_adjustment=args.domain_adjustment)
+    if args.per_query_out:
+        per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
+    sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
+                     domain_adjustment=args.domain_adjustment)
     if args.per_query_out:
         sc.write_per_query(args.per_query_out)
     if args.json:
@@ -500,7 +492,6 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from weknora_nb.core.interpreter import fewer_collections
     from weknora_nb.sandbox import SandboxServer
 
     if not os.environ.get("WEKNORA_API_KEY"):
@@ -511,7 +502,7 @@ def _cmd_sandbox_serve(args: argparse.Namespace) -> int:
                            weknora_version=args.weknora_version)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with fewer_collections(), server:   # full collections would walk the index and jieba's dictionary
+    with server:
         print(f"sandbox version {server.version.name!r} (as WeKnora {server.release.name}) serving knowledge base "
               f"{server.kb_id!r} on {server.base_url} (API key: the value of $WEKNORA_API_KEY). Ctrl-C stops it.",
               flush=True)
@@ -1048,151 +1039,23 @@ def _exit_status(code: Any) -> int:
     return code if isinstance(code, int) else 0 if code is None else 1
 
 
-#: commands that leave nothing to clean up once they return (their output written and flushed, no thread,
-#: child process, kernel or temporary file left): :func:`run` ends their process at once
-_ENDS_AT_ONCE = frozenset({"_cmd_score"})
-
-#: ``run``: the process is the program's own (:func:`run` started it, not a caller of :func:`main`), so that a
-#: command may fork it (``score`` prepares the results in a child process while it loads the test set)
-_OWN_PROCESS = {"run": False}
-
-
-def _lean_process() -> None:
-    """This process, and the processes it starts, skip two costs of short-lived work on a small machine (each
-    switch is left as the caller set it; both are read when numpy is imported, which the command line does not do
-    before a command runs).
-
-    - **No transparent huge pages for numpy's large arrays** (``NUMPY_MADVISE_HUGEPAGE=0``, numpy's documented
-      switch). A command's arrays live for a moment, and the kernel zeroes each huge page whole when it is first
-      touched. On the 2-core virtual machines the project runs on, a ``perf`` profile of ``weknora-nb score`` on
-      10 million rows (``benchmarks/bench_scoring.py``'s data) found half of its CPU time in that zeroing
-      (``clear_page_erms`` under ``do_huge_pmd_anonymous_page``); ten runs each, interleaved: 1.20-3.20 s
-      (median 1.77) with huge pages, 1.15-1.38 s (median 1.22) without.
-    - **One OpenBLAS thread** (``OPENBLAS_NUM_THREADS=1``): OpenBLAS starts a thread per core that spins before
-      it sleeps, 0.08-0.10 s of CPU in each process that imports numpy (``weknora-nb score`` on those rows: 1.21
-      -> 1.13 s of user CPU, 12 runs each, interleaved). Nothing here multiplies large matrices (the sandbox's
-      reranker multiplies one query's vector by its candidates').
-    """
-    import os
-
-    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def _short_lived_memory() -> tuple[bool, bool]:
-    """Memory for a process that ends with its command (``score``), not for a long-lived one: freed memory kept
-    for reuse (:func:`_keep_freed_memory`), no transparent huge pages (:func:`_no_huge_pages`), and no cyclic
-    garbage collection, for the rest of the process's life and in the children it forks. Whether each of the
-    first two was set.
-
-    The first two cut the time the kernel spends handing out fresh memory, which on the 2-core virtual machines
-    the project runs on varies tenfold with what other processes just freed: ``benchmarks/bench_scoring.py`` frees
-    gigabytes of pytrec_eval's objects between its runs of ``weknora-nb score``, and there the command's system
-    time ranged 0.2-1.3 s over the same user time, 0.8 s. On that benchmark's 10 million rows, each run right
-    after pytrec_eval freed its objects, in turn with the command as it was: freed memory kept, 0.955 of the wall
-    time (14 pairs; page faults 99,000 -> 76,000); huge pages off as well, 0.93 of that (14 pairs; 0.76-0.83 s
-    against 0.76-1.07 s); both, 0.865 of the wall time before (16 pairs; median 0.79 s against 0.91 s). Run
-    alone, huge pages off made no difference (1.00, 20 pairs), and the peak memory fell from 0.42 to 0.38 GB.
-
-    The garbage collector would walk the objects of the imports (pandas's among them) again and again for
-    garbage that, in a process about to end, nobody would miss: 173 collections, 40 ms, in ``weknora-nb score``
-    on that benchmark's rows; without them, 20 pairs in turn, 0.97 of the wall time.
-    """
-    import gc
-
-    gc.disable()
-    return _keep_freed_memory(), _no_huge_pages()
-
-
-#: glibc's ``mallopt`` parameters (malloc.h) and what :func:`_keep_freed_memory` sets them to
-_MALLOPT = (("M_ARENA_MAX", -8, 1), ("M_MMAP_THRESHOLD", -3, 1 << 30), ("M_TRIM_THRESHOLD", -1, (1 << 31) - 1),
-            ("M_TOP_PAD", -2, 64 << 20))
-
-
-def _keep_freed_memory() -> bool:
-    """Memory freed by ``malloc``'s callers (numpy's arrays among them) stays in the process and serves the next
-    allocation, instead of going back to the system and coming again as fresh pages, a page fault each: one
-    arena for every thread, no mapping of its own for an allocation below 1 GiB, no trimming of a heap below 2
-    GiB free, the heap grown 64 MiB at a time (glibc's defaults: a mapping of its own above 32 MiB, returned when
-    freed; an arena per thread). Whether it was set (glibc on Linux). On ``benchmarks/bench_scoring.py``'s 10
-    million rows the child process that prepares the results took 20,000 page faults instead of 35,000."""
-    import ctypes
-
-    mallopt = _libc_function("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return all([mallopt(param, value) == 1 for _, param, value in _MALLOPT])
-
-
-#: prctl's option (linux/prctl.h) that keeps a process's memory, and that of the children it forks, from
-#: transparent huge pages
-_PR_SET_THP_DISABLE = 41
-
-
-def _no_huge_pages() -> bool:
-    """No transparent huge pages for this process's memory from now on (Linux 3.15+; inherited by the children
-    it forks); whether it was set. Arrow's allocator asks for them (270 MB of the child's memory after reading
-    ``benchmarks/bench_scoring.py``'s 10 million rows), and a 2 MiB page is zeroed whole when first touched, after
-    the kernel has found or made (compacting memory) a free one: with them, that reading cost 0.02-0.6 s of system
-    time from one run to the next, over the same page faults."""
-    import ctypes
-
-    prctl = _libc_function("prctl")
-    if prctl is None:
-        return False
-    prctl.restype = ctypes.c_int
-    return prctl(_PR_SET_THP_DISABLE, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                 ctypes.c_ulong(0)) == 0
-
-
-def _libc_function(name: str) -> Any:
-    """The C library's function ``name`` (ctypes), on Linux; None elsewhere, or where it has none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except (OSError, AttributeError):   # no C library to be had, or one without the function
-        return None
-
-
 def run() -> int:
-    """The ``weknora-nb`` program (and ``python -m weknora_nb``): :func:`main` of the process's arguments.
-
-    After a command of :data:`_ENDS_AT_ONCE` returns, the process ends there (``os._exit``, the
-    standard streams and the log handlers flushed first; a stream that cannot be flushed is exit status
-    120, as the interpreter's own exit gives), without the interpreter's teardown of what the command
-    imported and built: 0.1 s of the 1.3 s ``weknora-nb score`` takes on 10 million rows. Any other
-    command, an error and a traceback end as usual.
-    """
-    _lean_process()
-    _OWN_PROCESS["run"] = True
-    ended: list[str] = []
+    """The ``weknora-nb`` program (and ``python -m weknora_nb``): :func:`main` of the process's arguments. A reader
+    of stdout that stops reading (``weknora-nb score ... | head``) ends it silently with status 141, as SIGPIPE
+    ends a command-line tool."""
     try:
-        code = main(finished=ended)
-    except BrokenPipeError:   # the reader of stdout stopped (``| head``): silent, as a tool SIGPIPE ended
+        code = main()
+        sys.stdout.flush()   # here, where a reader that stopped is caught, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
         return 141
-    if ended and ended[0] in _ENDS_AT_ONCE:
-        import os
-
-        logging.shutdown()
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):   # a closed pipe: as the interpreter's own exit, status 120
-            code = 120
-        os._exit(code)
-    return code
 
 
-def main(argv: list[str] | None = None, *, finished: list[str] | None = None) -> int:
-    """Run one command; return its exit code (see the module docstring). ``finished``: the name of the
-    command function that returned normally is appended to it (:func:`run` reads it)."""
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code (see the module docstring)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -1209,6 +1072,4 @@ def main(argv: list[str] | None = None, *, finished: list[str] | None = None) ->
             raise  # a bug, not a user's mistake: the traceback is wanted
         print(f"error: {error_message(exc)}", file=sys.stderr)
         return error_code
-    if finished is not None:
-        finished.append(args.func.__name__)
     return code

@@ -39,11 +39,11 @@ from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
 from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
 from weknora_nb.core.errors import RunExistsError, UsageError
-from weknora_nb.core.interpreter import fewer_collections
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.segmenter import jieba_ready
 from weknora_nb.core.testset import load_testset
-from weknora_nb.reports.render import Report, ReportRequest, render_reports, write_overview
+from weknora_nb.reports.index_page import write_overview
+from weknora_nb.reports.render import Report, ReportRequest, render_reports
 from weknora_nb.sandbox import SandboxServer, VersionConfig, build_index, demo_dir, load_demo_versions
 
 __all__ = ["DemoResult", "run_demo", "demo_testset", "VersionJob", "measure_version", "measure_versions",
@@ -206,10 +206,8 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
                      **kwargs: Any) -> RunSummary:
     """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
     resumed when the folder holds the same run, collected afresh when it holds another one (an older
-    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge. The garbage
-    collector runs less often meanwhile (:func:`~weknora_nb.core.interpreter.fewer_collections`): the server
-    shares the process."""
-    with fewer_collections(), SandboxServer(version) as sb:
+    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge."""
+    with SandboxServer(version) as sb:
         kwargs.update(system=sb.describe(), run_name=version)
         settings = ClientSettings(sb.base_url)
         kb = sb.faq_kb_id if faq else sb.kb_id

@@ -89,7 +89,6 @@ from weknora_nb.collect.sessions import delete_sessions
 from weknora_nb.collect.stages import DEFAULT_SELECTION, Stage, resolve_stages
 from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, StorageError, UsageError, writing
 from weknora_nb.core.files import atomic_path
-from weknora_nb.core.interpreter import fewer_collections
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.results import write_results
 from weknora_nb.core.run import ANSWERS, CHECKPOINT, CHUNKS, MANIFEST, RESULTS, read_manifest
@@ -871,8 +870,6 @@ def collect(*args: Any, **kwargs: Any) -> RunSummary:
 
     Ctrl-C (KeyboardInterrupt) stops the collection cleanly either way: the requests in flight
     are cancelled, the checkpoint is flushed, the manifest says ``interrupted``, the run folder's
-    lock is let go; then KeyboardInterrupt is raised (resume to go on). The garbage collector runs
-    less often meanwhile (:func:`~weknora_nb.core.interpreter.fewer_collections`).
+    lock is let go; then KeyboardInterrupt is raised (resume to go on).
     """
-    with fewer_collections():
-        return run_to_end(lambda: collect_async(*args, **kwargs), name="weknora-nb-collect")
+    return run_to_end(lambda: collect_async(*args, **kwargs), name="weknora-nb-collect")

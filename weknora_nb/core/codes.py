@@ -2,9 +2,7 @@
 
 A Parquet results file whose columns have the results-table types is read straight into
 codes (:func:`parquet_codes`), a record batch at a time, and its rows are checked as
-:func:`weknora_nb.core.results.read_results` checks them. Nothing here imports pandas, so
-that a command can read its results file while pandas and the scoring code are still being
-imported (:class:`weknora_nb.core.requests.PrepareAhead`, in a child process or a thread).
+:func:`weknora_nb.core.results.read_results` checks them. Nothing here needs pandas.
 """
 
 from __future__ import annotations
@@ -253,9 +251,8 @@ def _frame_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
 def _numbers(arr: pa.Array, fill: float = 0) -> np.ndarray:
     """The values of an Arrow array of integers or floats as a numpy array (``fill`` where null): without a
     null, a view of its buffer (not to be written to). pyarrow's ``to_numpy`` (and ``fill_null``, ``pa.array``,
-    ``pa.scalar``) import pandas first: 0.3 s more for the reading that
-    :class:`~weknora_nb.core.requests.PrepareAhead` runs beside the caller's own import of pandas (a thread
-    would wait for that import, or hold it up). Other types take pyarrow's conversion."""
+    ``pa.scalar``) import pandas first. Other types take
+    pyarrow's conversion."""
     if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
         return arr.to_numpy(zero_copy_only=False)
     dtype = np.dtype(arr.type.to_pandas_dtype())

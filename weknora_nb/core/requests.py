@@ -13,53 +13,29 @@ read, one entry per request (:class:`Prepared`); the rows themselves are dropped
    ids (first position kept, ranks closed up, duplicates counted over the whole list). Step 3
    of scoring (what is scored) then empties the lists of requests it does not score
    (:meth:`Lists.only`).
-
-:class:`PrepareAhead` runs :func:`prepare` of a Parquet results file beside the caller's own work (the
-command line's: importing pandas, loading the test set): in a child process where the process may be forked,
-since a thread would wait for the interpreter lock whenever the caller parses (the lock is held throughout
-each bulk call of the test set's parsing), else in a thread.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
-from weknora_nb.core.codes import ResultCodes, extremes, in_background, least, parquet_codes
+from weknora_nb.core.codes import ResultCodes, extremes, least
 from weknora_nb.core.errors import Problem, ResultsError, UsageError
-from weknora_nb.core.forked import Forked
 from weknora_nb.core.pipeline import stage_order as _stage_order
 
-__all__ = ["Requests", "Lists", "Prepared", "prepare", "PrepareAhead", "GRID_SLACK", "SORT_16BIT"]
+__all__ = ["Requests", "Lists", "Prepared", "prepare", "GRID_SLACK"]
 
 log = logging.getLogger(__name__)
 
 #: padding cells a grid of requests x longest list may hold beyond 4 per row before the
 #: long lists are cut to their first K_max distinct chunks by hashing instead
 GRID_SLACK = 1_000_000
-
-
-def _sorts_16bit_in_simd() -> bool:
-    """Whether numpy sorts 16-bit integers with SIMD on this CPU (x86-simd-sort's 16-bit kernels need AVX-512
-    ICL or SPR). Without them a 16-bit sort is the scalar one, 5-9x slower than the AVX2 sort of the same
-    values as int32 (AMD EPYC, numpy 2.4: 0.58-0.93 s against 0.11 s for 100,000 rows of 100)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:   # another numpy layout: keep 32 bits, fast wherever numpy has a SIMD sort
-        return False
-    return bool(features.get("AVX512_ICL") or features.get("AVX512_SPR"))
-
-
-#: rows of chunk codes are sorted as 16-bit values (half the bytes) only where numpy has a SIMD sort for them
-SORT_16BIT = _sorts_16bit_in_simd()
 
 
 # -- what the results' side hands on ----------------------------------------------------------
@@ -338,11 +314,9 @@ def _distinct_lists(rows: _Rows, k_max: int, pool: Executor | None = None) -> Li
         kept_len = lengths.copy()
         grid = rows.chunk.reshape(rows.n, int(lengths[0]))
         n_dups = np.zeros(rows.n, np.int64)
-        below: int | None = len(rows.codes.chunks)   # every cell a chunk code: 0 .. len(chunks) - 1
     else:
         grid, kept_len, n_dups = _ragged_grid(rows, k_max)
-        below = None
-    top, n_dup = _first_k_distinct(grid, k_max, below, pool)
+    top, n_dup = _first_k_distinct(grid, k_max, pool)
     n_dups += n_dup
     return Lists(top=top, n_returned=kept_len - n_dups, n_duplicates=n_dups)
 
@@ -380,14 +354,12 @@ def _ragged_grid(rows: _Rows, k_max: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return grid, kept_len, n_dups
 
 
-def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None, pool: Executor | None = None
+def _first_k_distinct(grid: np.ndarray, k: int, pool: Executor | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
     """For each row of ``grid`` (values >= 0, padding < 0): the first ``k`` distinct values
     in row order (padded with -1) and the number of repeated values in the row.
 
-    A sorted copy of each row finds the rows holding a repeat (as 16-bit values when ``below``
-    says every value is in 0 .. 65,535 and numpy sorts them in SIMD, :data:`SORT_16BIT`: half the
-    bytes to sort); only those rows are argsorted
+    A sorted copy of each row finds the rows holding a repeat; only those rows are argsorted
     to tell first occurrences from repeats, and compacted (lists are short, repeats rare). With a ``pool``,
     the second half of the rows is done there (numpy sorts without the interpreter lock).
     """
@@ -396,17 +368,15 @@ def _first_k_distinct(grid: np.ndarray, k: int, below: int | None = None, pool: 
     n_dup = np.zeros(n_rows, np.int64)
     if width < 2 or not n_rows:
         return top, n_dup
-    small = np.uint16 if SORT_16BIT and below is not None and below <= (1 << 16) else None
     mid = n_rows // 2 if pool is not None else n_rows
-    other = pool.submit(_resolve_repeats, grid, mid, n_rows, k, small, top, n_dup) if pool is not None else None
-    _resolve_repeats(grid, 0, mid, k, small, top, n_dup)
+    other = pool.submit(_resolve_repeats, grid, mid, n_rows, k, top, n_dup) if pool is not None else None
+    _resolve_repeats(grid, 0, mid, k, top, n_dup)
     if other is not None:
         other.result()
     return top, n_dup
 
 
-def _resolve_repeats(grid: np.ndarray, lo: int, hi: int, k: int, small: type | None, top: np.ndarray,
-                     n_dup: np.ndarray) -> None:
+def _resolve_repeats(grid: np.ndarray, lo: int, hi: int, k: int, top: np.ndarray, n_dup: np.ndarray) -> None:
     """:func:`_first_k_distinct` of rows ``lo`` .. ``hi`` of ``grid``: the rows holding a repeat get their first
     ``k`` distinct values in ``top`` and their number of repeats in ``n_dup`` (the other rows are left as they
     are: ``top`` holds their first ``k`` values already, ``n_dup`` their 0)."""
@@ -416,8 +386,7 @@ def _resolve_repeats(grid: np.ndarray, lo: int, hi: int, k: int, small: type | N
     suspect = np.concatenate([
         np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) + i
         for i in range(lo, hi, block)
-        for srt in [np.sort(grid[i:min(i + block, hi)] if small is None else grid[i:min(i + block, hi)].astype(small),
-                            axis=1)]] or [np.zeros(0, np.int64)])
+        for srt in [np.sort(grid[i:min(i + block, hi)], axis=1)]] or [np.zeros(0, np.int64)])
     if not len(suspect):
         return
     # within a suspect row, sorting value * width + position puts equal values together, earliest first
@@ -434,83 +403,3 @@ def _resolve_repeats(grid: np.ndarray, lo: int, hi: int, k: int, small: type | N
     vals = np.take_along_axis(sub, at, axis=1)
     vals[~np.take_along_axis(keep, at, axis=1)] = -1
     top[suspect] = vals
-
-
-# -- beside the caller's work ------------------------------------------------------------------
-
-
-def prepare_file(path: str | os.PathLike, stages: Iterable[str] | None, k_max: int) -> Prepared | None:
-    """:func:`prepare` of a Parquet results file read straight into codes
-    (:func:`~weknora_nb.core.codes.parquet_codes`); None when the file is not for that path (the caller reads
-    it with :func:`~weknora_nb.core.results.read_results`)."""
-    rc = parquet_codes(path)
-    return None if rc is None else prepare(rc, str(path), stages, k_max)
-
-
-class PrepareAhead:
-    """:func:`prepare_file` of ``path`` begun now, beside the caller's own work; :meth:`result` waits for it.
-
-    With ``fork`` (for a process that is the program's own, such as the command line's) and where the
-    process can be forked safely (:meth:`Forked.possible <weknora_nb.core.forked.Forked.possible>`), it runs
-    in a child process (:class:`~weknora_nb.core.forked.Forked`), which hands back the :class:`Prepared`
-    pickled (about 14 MB for 10 million rows of 100,000 requests): a thread waits for the interpreter lock
-    whenever the caller parses a test set (each bulk call holds it throughout), and there the reading of 10
-    million rows took 0.55-0.95 s instead of 0.27 s. Otherwise it runs in a daemon thread. Use it as a
-    context manager (or call :meth:`close`): a child still at work when the caller stops is killed.
-    """
-
-    def __init__(self, path: str | os.PathLike, stages: Iterable[str] | None, k_max: int, *, fork: bool = False):
-        self.path = Path(path)
-        self._stages = None if stages is None else list(stages)
-        self._k_max = k_max
-        self._forked: Forked | None = None
-        self._future: Future[Prepared | None] | None = None
-        if fork and Forked.possible():
-            self._forked = Forked(lambda: _prepare_alone(self.path, self._stages, k_max), f"the results of {path}")
-        else:
-            self._future = in_background(lambda: prepare_file(self.path, self._stages, k_max), "weknora-nb-prepare")
-
-    @property
-    def forked(self) -> bool:
-        """Whether it was handed to a child process (else it runs in a thread; a fork that failed leaves it to
-        the caller: :meth:`result` gives None)."""
-        return self._forked is not None
-
-    @property
-    def exitcode(self) -> int | None:
-        """How the child ended, once reaped (:attr:`Forked.exitcode <weknora_nb.core.forked.Forked.exitcode>`;
-        None without a child)."""
-        return None if self._forked is None else self._forked.exitcode
-
-    def serves(self, stages: list[str] | None, k_max: int) -> bool:
-        """Whether what this prepares serves a scoring of ``stages`` whose metrics read ``k_max`` ranks."""
-        return stages == self._stages and k_max <= self._k_max
-
-    def result(self) -> Prepared | None:
-        """The :class:`Prepared`, or None when the caller must read the file itself: it is not for the fast
-        path, or the child did not finish (a file it cannot read, rows it refuses: the caller's own reading
-        then raises the error, named as always; a child that died). In a thread, the reading's exception is
-        raised here."""
-        if self._future is not None:
-            return self._future.result()
-        assert self._forked is not None
-        prepared: Prepared | None = self._forked.result()
-        return prepared
-
-    def close(self) -> None:
-        """Kill the child if it is still at work, reap it, and drop its file."""
-        if self._forked is not None:
-            self._forked.close()
-
-    def __enter__(self) -> PrepareAhead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _prepare_alone(path: Path, stages: list[str] | None, k_max: int) -> Prepared | None:
-    """:func:`prepare_file` in the child process of :class:`PrepareAhead`, on one core: the other is the
-    parent's, parsing its test set."""
-    pa.set_cpu_count(1)
-    return prepare_file(path, stages, k_max)

@@ -316,9 +316,9 @@ def _parse_json(text: str) -> Any:
         raise json.JSONDecodeError(f"not usable JSON ({type(exc).__name__}: {exc})", text[:0], 0) from exc
 
 
-#: set while reports render (in their kernels: :func:`weknora_nb.reports.render.kernel_reset`): a run loaded
+#: set while reports render (in their kernels: :func:`weknora_nb.reports.cache.use_in_this_kernel`): a run loaded
 #: with its recorded test set is ``run_cache(path, metrics=..., domain_adjustment=...)``, computed once per
-#: rendering (:func:`weknora_nb.reports.notebook.cached_run`); None: every call loads and scores
+#: rendering (:func:`weknora_nb.reports.cache.cached_run`); None: every call loads and scores
 run_cache: Callable[..., Run] | None = None
 
 

@@ -27,9 +27,7 @@ Steps 1, 2 and 4 need no test set (:mod:`weknora_nb.core.requests`: the results'
 laid out as if it were scored; step 3 then empties those not scored). Two cores: the test set's labels
 (:class:`_Relevance`) are prepared in a second thread while the results are read and grouped
 (Arrow and numpy work without the interpreter lock). :func:`score_files` does the whole results'
-side while the test set loads (in a thread, or given a :class:`~weknora_nb.core.requests.PrepareAhead`,
-which the command line begins in a child process before it imports pandas), and hashes the test set
-while scoring.
+side in a thread while the test set loads, and hashes the test set while scoring.
 :meth:`Scores.to_json_bytes` writes ``--json`` with orjson, the per-query rows as Arrow
 strings; :meth:`Scores.write_per_query` writes them to a file instead (``--per-query-out``).
 """
@@ -52,11 +50,10 @@ import pyarrow.parquet as pq
 from weknora_nb.core.codes import ResultCodes, in_background
 from weknora_nb.core.errors import ResultsError, UsageError, writing
 from weknora_nb.core.files import atomic_path
-from weknora_nb.core.interpreter import short_switches
 from weknora_nb.core.metrics import NEEDS_ALL_LABELS, Metric, RankedLists, compute, parse_metrics
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.pipeline import stage_order as _stage_order
-from weknora_nb.core.requests import Lists, PrepareAhead, Prepared, Requests, prepare
+from weknora_nb.core.requests import Lists, Prepared, Requests, prepare
 from weknora_nb.core.results import expand_sub_chunks, read_results_for_scoring
 from weknora_nb.core.testset import TestSet, _json_inner, _string_bytes, load_testset
 from weknora_nb.core.tiers import check_domain_adjustment, tier
@@ -611,29 +608,20 @@ def _k_max(mets: list[Metric]) -> int:
     return max(m.k for m in mets)
 
 
-def score_files(testset: str | os.PathLike, results: str | os.PathLike | PrepareAhead,
+def score_files(testset: str | os.PathLike, results: str | os.PathLike,
                 metrics: Iterable[str | Metric] | str | None = None, *, stages: Iterable[str] | None = None,
                 domain_adjustment: float = 0.0, sub_chunks: str = "expand") -> Scores:
     """:func:`score` of a results file against a test-set file (:func:`~weknora_nb.load_testset`), with the
     same checks and errors in the same order, using a second core: the results file is read, grouped into
     requests and checked, and each request's distinct list laid out, in a second thread while the test set
     loads (none of it needs the test set, and it is Arrow and numpy work, which leaves the first thread free);
-    the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring. ``results`` may be a
-    :class:`~weknora_nb.core.requests.PrepareAhead` of the results file begun earlier for the same ``stages``
-    and metrics (the command line begins one in a child process before it imports pandas); what it does not
-    prepare (a file for :func:`~weknora_nb.core.results.read_results`, a file it cannot read) is read here."""
+    the test set's hash (:attr:`Scores.testset_hash`) is computed beside the scoring."""
     mets = _check_options(metrics, domain_adjustment, sub_chunks)
     stages = None if stages is None else list(stages)
-    path = results.path if isinstance(results, PrepareAhead) else Path(results)
-    if isinstance(results, PrepareAhead) and not results.serves(stages, _k_max(mets)):
-        raise ValueError(f"the PrepareAhead of {path} was begun for other stages or shorter lists")
-
-    def results_side() -> Prepared:
-        prepared = results.result() if isinstance(results, PrepareAhead) else None
-        return prepared if prepared is not None else _prepare(path, sub_chunks, str(path), stages, _k_max(mets))
-
-    with short_switches(), ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
-        prepared = in_background(results_side, "weknora-nb-results")   # while the test set loads
+    path = Path(results)
+    with ThreadPoolExecutor(2, thread_name_prefix="weknora-nb-files") as pool:
+        prepared = in_background(lambda: _prepare(path, sub_chunks, str(path), stages, _k_max(mets)),
+                                 "weknora-nb-results")   # while the test set loads
         ts = load_testset(Path(testset))
         digest = pool.submit(lambda: ts.hash)
         labels = pool.submit(_Relevance.of, ts)

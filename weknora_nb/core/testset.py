@@ -35,14 +35,12 @@ accepts, with the same result. The hash is built by Arrow and numpy over slices 
 from __future__ import annotations
 
 import csv
-import gc
 import hashlib
 import json
 import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, islice, repeat
@@ -659,32 +657,19 @@ def _jsonl_block(builder: _Builder, block: list[bytes], first: int) -> bool:
     lines = block if at is None else [block[i] for i in at]
     if not lines:
         return True
-    with _gc_paused():   # many new dicts, none in a cycle: the collector would only walk them again and again
-        try:
-            objs = list(map(orjson.loads, lines))
-        except orjson.JSONDecodeError:   # the line-by-line reading names the problem
-            return False
-        cols = _bulk_columns(objs)
-        if cols is None or _key_twice(data, sum(map(len, objs)) + len(cols["chunk_id"])):
-            return False   # a record to check alone, or a key written twice (orjson keeps the last silently)
-        if any(set(map(type, _field(objs, name))) & {list, dict} for name in set().union(*objs) - KNOWN_FIELDS):
-            return False   # an ignored field holding a list: Python's parser may find it nested too deeply
-        del objs   # freed before the collector resumes
+    try:
+        objs = list(map(orjson.loads, lines))
+    except orjson.JSONDecodeError:   # the line-by-line reading names the problem
+        return False
+    cols = _bulk_columns(objs)
+    if cols is None or _key_twice(data, sum(map(len, objs)) + len(cols["chunk_id"])):
+        return False   # a record to check alone, or a key written twice (orjson keeps the last silently)
+    if any(set(map(type, _field(objs, name))) & {list, dict} for name in set().union(*objs) - KNOWN_FIELDS):
+        return False   # an ignored field holding a list: Python's parser may find it nested too deeply
+    del objs   # freed before the collector resumes
     numbers = np.arange(first + 1, first + 1 + len(block), dtype=np.int64)
     builder.add_columns(numbers if at is None else numbers[at], cols)
     return True
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused within the block (as it was after)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _key_twice(data: bytes, n_keys: int) -> bool:
@@ -722,20 +707,19 @@ def _load_csv(path: Path) -> TestSet:
             builder.problems.append(Problem(str(path), first[0], name, f"column appears twice in the header "
                                             f"(columns {seen[name]} and {i}); the last would silently win"))
         seen.setdefault(name, i)
-    with _gc_paused():   # the rows become dicts, none in a cycle, checked a batch at a time
-        for lineno, row in rows:
-            if not row:
-                continue
-            obj: dict[str, Any] = {k: v for k, v in zip(header, row, strict=False) if v != ""}
-            obj.setdefault("query_id", "")
-            obj.setdefault("query", "")
-            rel = _parse_relevant_text(obj.get("relevant", ""), builder.complaint(lineno))
-            if rel is None:
-                continue
-            obj["relevant"] = rel
-            if "tags" in obj:
-                obj["tags"] = _parse_tags_text(obj["tags"])
-            builder.put(lineno, obj, check_text=any("\\u" in v for v in row))
+    for lineno, row in rows:
+        if not row:
+            continue
+        obj: dict[str, Any] = {k: v for k, v in zip(header, row, strict=False) if v != ""}
+        obj.setdefault("query_id", "")
+        obj.setdefault("query", "")
+        rel = _parse_relevant_text(obj.get("relevant", ""), builder.complaint(lineno))
+        if rel is None:
+            continue
+        obj["relevant"] = rel
+        if "tags" in obj:
+            obj["tags"] = _parse_tags_text(obj["tags"])
+        builder.put(lineno, obj, check_text=any("\\u" in v for v in row))
     return builder.build()
 
 
@@ -879,8 +863,7 @@ def _parquet_columns(path: Path, columns: list[str]) -> Iterator[dict[str, list[
     """Yield the ``columns`` of a Parquet file as Python lists, a batch of rows at a time."""
     with reading(path, TestSetError), pq.ParquetFile(path) as pf:
         for batch in pf.iter_batches(batch_size=_BATCH, columns=columns):
-            with _gc_paused():   # many new lists and tuples, none in a cycle
-                cols = {name: batch.column(name).to_pylist() for name in columns}
+            cols = {name: batch.column(name).to_pylist() for name in columns}
             yield cols
 
 
@@ -924,13 +907,12 @@ def _load_parquet(path: Path) -> TestSet:
         if as_map and _parquet_batch(builder, cols, row):
             row += len(cols["query_id"])
             continue
-        with _gc_paused():   # the rows become dicts, none in a cycle, checked a batch at a time
-            for values in zip(*(cols[n] for n in columns), strict=True):
-                row += 1
-                obj = {k: v for k, v in zip(columns, values, strict=True) if not _missing(v) or k in _REQUIRED}
-                texts = [obj[k] for k in ("relevant", "tags") if isinstance(obj.get(k), str)]
-                if _parquet_record(obj, builder.complaint(row)):   # JSON text may spell a surrogate (\\ud800)
-                    builder.put(row, obj, check_text=any("\\u" in t for t in texts))
+        for values in zip(*(cols[n] for n in columns), strict=True):
+            row += 1
+            obj = {k: v for k, v in zip(columns, values, strict=True) if not _missing(v) or k in _REQUIRED}
+            texts = [obj[k] for k in ("relevant", "tags") if isinstance(obj.get(k), str)]
+            if _parquet_record(obj, builder.complaint(row)):   # JSON text may spell a surrogate (\\ud800)
+                builder.put(row, obj, check_text=any("\\u" in t for t in texts))
     return builder.build()
 
 
@@ -939,12 +921,11 @@ def _parquet_batch(builder: _Builder, cols: dict[str, list[Any]], first: int) ->
     to ``builder``; False, with nothing given, when a row needs its own look (a chunk twice in its map...)."""
     n = len(cols["query_id"])
     pairs = [p if p is not None else [] for p in cols["relevant"]]   # a null map: no label
-    with _gc_paused():
-        rel = list(map(dict, pairs))
-        if list(map(len, rel)) != list(map(len, pairs)):   # a chunk twice: the row-by-row check names it
-            return False
-        fields = _bulk_fields(_column_field({**cols, "relevant": rel}, n), n)
-        del rel, pairs   # freed before the collector resumes
+    rel = list(map(dict, pairs))
+    if list(map(len, rel)) != list(map(len, pairs)):   # a chunk twice: the row-by-row check names it
+        return False
+    fields = _bulk_fields(_column_field({**cols, "relevant": rel}, n), n)
+    del rel, pairs   # freed before the collector resumes
     if fields is None:
         return False
     builder.add_columns(np.arange(first + 1, first + 1 + n, dtype=np.int64), fields)
