@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -121,8 +120,7 @@ def run_to_end(make: Callable[[], Awaitable[_T]], *, name: str = "weknora-nb") -
 def run_on_new_loop(coro: Coroutine[Any, Any, _T]) -> _T:
     """``asyncio.run(coro)`` on uvloop's event loop where uvloop is installed (not on Windows), as the sandbox's
     server runs: the collector's loop then takes about 0.93 of the time on the demo's versions (README,
-    "Correctness and speed"); Ctrl-C cancels ``coro`` as under ``asyncio.run``. Before Python 3.12 the loop sends
-    a request's body at once (:func:`~weknora_nb.collect.eager.body_writes_at_once`), as aiohttp does from 3.12."""
+    "Correctness and speed"); Ctrl-C cancels ``coro`` as under ``asyncio.run``."""
     with asyncio.Runner(loop_factory=_new_loop) as runner:
         return runner.run(coro)
 
@@ -135,8 +133,4 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
     else:
         loop = uvloop.new_event_loop()
-    if sys.version_info < (3, 12):
-        from weknora_nb.collect.eager import body_writes_at_once
-
-        loop.set_task_factory(body_writes_at_once)  # type: ignore[arg-type]  # it takes the context too
     return loop

@@ -2,11 +2,10 @@
 
 httpx stays the API: requests, responses, timeouts, limits and exceptions are httpx's. Under it,
 direct connections go through httpx-aiohttp's transport, that is aiohttp's connection pool and
-its C HTTP parser, in place of httpcore on anyio. Connections through a proxy
-(``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``, ``NO_PROXY`` honoured, read by httpx as before)
-keep httpx's own transport, SOCKS included. Why: collecting is CPU-bound on the client's side on
-small machines; one demo version measured in one process took 0.80 of the wall time and 0.78 of
-the CPU time with this transport (README, "Correctness and speed").
+its C HTTP parser, in place of httpcore on anyio: collecting is CPU-bound on the client's side on
+small machines (``benchmarks/bench_collect.py`` measures it). Where the environment names a proxy
+(``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``) the client is httpx's own, with its transport, so
+that proxies, ``NO_PROXY`` and SOCKS work as httpx documents them.
 
 A failure raises the httpx exception httpx's own transport raises for the same event, as far as
 aiohttp can tell them apart, so that a request's failure kind does not depend on the transport
@@ -31,13 +30,7 @@ timeout; a reset mid-body reaches it as a body cut short); both stay in the same
 (a timeout; a broken transfer), which is what the collector records.
 
 Header names go out in lower case, as httpx's ``Headers`` hands them on (names are case-insensitive,
-RFC 9110 section 5.1). httpx's client does three things per request that a collection pays for thousands of
-times without need; the client here skips them and gives the same requests and responses (tests/test_transport.py):
-it parses the request's URL again (kept per path here), reads every response through :mod:`http.cookiejar`
-(only those that set a cookie here), and reads a body in 16 KiB pieces through one generator more (in the pieces
-that arrived here). Measured on a 2-core VM at 32 requests in flight: 0.63 ms of client CPU per request, from
-0.80 (README, "Requests, retries, failures"). aiohttp takes about 0.17 s to import: the clients import this module
-when they are built.
+RFC 9110 section 5.1). aiohttp takes about 0.17 s to import: the clients import this module when they are built.
 """
 
 from __future__ import annotations
@@ -45,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -61,19 +55,31 @@ _FAILURES = (aiohttp.ClientError, httpx.TransportError, TimeoutError)
 def async_client(**kwargs: Any) -> httpx.AsyncClient:
     """An :class:`httpx.AsyncClient` (``kwargs``: its arguments) whose direct connections go through aiohttp: at most
     ``limits.max_connections`` of them open, idle ones closed after ``limits.keepalive_expiry`` s, TLS verified with
-    ``verify``; httpx's default (``verify=True``) is :func:`default_tls`, shared by the clients of the process."""
-    shareable = not kwargs.get("cert") and not kwargs.get("http2")
-    if kwargs.get("verify", True) is True and kwargs.get("trust_env", True) and shareable:
-        # (httpx loads a client certificate into the context, and httpcore sets the context's ALPN protocols to
-        # HTTP/1.1 alone, or with h2 when http2: a client that does either keeps a context of its own)
-        kwargs["verify"] = default_tls()
-    return _Client(**kwargs)
+    ``verify``; httpx's default (``verify=True``) is :func:`default_tls`, shared by the clients of the process.
+
+    When the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, read as
+    :func:`urllib.request.getproxies` reads them) and ``trust_env`` is left on, the client is httpx's own, with its
+    own transport: httpx then applies the proxies, ``NO_PROXY`` and SOCKS as it always does."""
+    trust_env = kwargs.get("trust_env", True)
+    if trust_env and _environment_proxies():
+        return httpx.AsyncClient(**kwargs)
+    verify = kwargs.get("verify", True)
+    if verify is True and trust_env and not kwargs.get("cert"):
+        verify = kwargs["verify"] = default_tls()
+    transport = Transport(verify=verify, cert=kwargs.get("cert"), trust_env=trust_env,
+                          limits=kwargs.get("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20)))
+    return httpx.AsyncClient(transport=transport, **kwargs)
+
+
+def _environment_proxies() -> dict[str, str]:
+    """The proxies the environment names for http, https or every scheme (``all``)."""
+    return {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https", "all") and v}
 
 
 def default_tls() -> ssl.SSLContext:
     """The SSL context of httpx's default verification (certifi's CA store, or ``SSL_CERT_FILE`` /
     ``SSL_CERT_DIR`` when set), built once per process for each value of those variables: building one loads
-    the CA store, about 20 ms of CPU, which every client would otherwise pay (a context is safe to share)."""
+    the CA store, which every client would otherwise pay for (a context is safe to share)."""
     return _tls(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
 
@@ -83,75 +89,10 @@ def _tls(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class _Client(httpx.AsyncClient):
-    """httpx's client with :class:`Transport` for direct connections. httpx builds it through ``_init_transport``,
-    the hook httpx-aiohttp's own client uses, so that proxies from the environment still apply (httpx ignores them
-    when given a ``transport``); proxied requests keep httpx's transport (``_init_proxy_transport``)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._cookies = _Cookies(self._cookies)
-        self._urls: dict[str, httpx.URL] = {}
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        """The client's cookies (httpx's), read from responses that set some (:class:`_Cookies`)."""
-        return self._cookies
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        self._cookies = _Cookies(cookies)
-
-    def _merge_url(self, url: httpx.URL | str) -> httpx.URL:
-        """httpx's URL of a request (``base_url`` joined with ``url``), kept per path: parsing it is half of what
-        httpx's client spends building a request, and a collection asks for the same few paths thousands of times.
-        Setting ``base_url`` empties the cache (:attr:`base_url`); at most :data:`_URLS_KEPT` paths are kept (chat
-        paths name their session)."""
-        if not isinstance(url, str):
-            return super()._merge_url(url)
-        merged = self._urls.get(url)
-        if merged is None:
-            if len(self._urls) >= _URLS_KEPT:
-                self._urls.clear()
-            merged = self._urls[url] = super()._merge_url(url)
-        return merged
-
-    @property
-    def base_url(self) -> httpx.URL:
-        """httpx's ``base_url``; setting it also forgets the URLs :meth:`_merge_url` kept."""
-        return super().base_url
-
-    @base_url.setter
-    def base_url(self, url: httpx.URL | str) -> None:
-        httpx.AsyncClient.base_url.fset(self, url)  # type: ignore[attr-defined]
-        self._urls = {}
-
-    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx.AsyncBaseTransport:
-        """``transport`` when given, else :class:`Transport` built from what httpx passes (``verify``, ``cert``,
-        ``trust_env``, ``http1``, ``http2``, ``limits``)."""
-        transport: httpx.AsyncBaseTransport | None = kwargs.pop("transport", None)
-        return transport if transport is not None else Transport(*args, **kwargs)
-
-
-#: paths whose URL :meth:`_Client._merge_url` keeps
-_URLS_KEPT = 1024
-
-
-class _Cookies(httpx.Cookies):
-    """httpx's cookie jar, which reads a response's cookies only when it sets some: httpx reads every response
-    through :mod:`http.cookiejar`, wrapping request and response in ``urllib`` objects first (about a fifth of
-    the time httpx's own layer takes per request), and the jar finds nothing in a response without ``Set-Cookie``."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        headers = response.headers
-        if "set-cookie" in headers or "set-cookie2" in headers:
-            super().extract_cookies(response)
-
-
 class Transport(AiohttpTransport):
     """httpx-aiohttp's transport with httpx's exceptions, one aiohttp session per client, no cookie jar of its own
-    (httpx keeps the cookies) and no proxy from the environment (httpx sends proxied requests to its own
-    transport); its arguments are httpx-aiohttp's (``verify``, ``limits``...)."""
+    (httpx keeps the cookies) and no proxy from the environment (:func:`async_client` leaves proxied clients to
+    httpx's own transport); its arguments are httpx-aiohttp's (``verify``, ``limits``...)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{**kwargs, "client": self._session})
@@ -175,21 +116,14 @@ class Transport(AiohttpTransport):
 
 
 class _Body(httpx.AsyncByteStream):
-    """A response body read through aiohttp, its failures raised as httpx's (:func:`httpx_error`).
-
-    Read from aiohttp's response straight (when httpx-aiohttp's stream holds one), a piece whenever bytes arrive
-    (``iter_any``): a body that came in one piece, as most answers do, passes httpx's layers once, in place of
-    httpx-aiohttp's 16 KiB pieces each passing one more generator; an event stream still reads each event as it
-    comes."""
+    """A response body read through httpx-aiohttp's stream, its failures raised as httpx's (:func:`httpx_error`)."""
 
     def __init__(self, stream: Any, request: httpx.Request) -> None:
         self._stream, self._request = stream, request
-        response = getattr(stream, "_aiohttp_response", None)
-        self._pieces = response.content.iter_any() if isinstance(response, aiohttp.ClientResponse) else stream
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._pieces:
+            async for chunk in self._stream:
                 yield chunk
         except _FAILURES as exc:
             _raise_as_httpx(exc, self._request)
