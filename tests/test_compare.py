@@ -273,7 +273,7 @@ def test_sandbox_single_parameter_version_is_flagged_single_variable(sandbox_run
 def test_history_scores_runs_as_a_report_loads_them_so_a_rendering_finds_them_in_its_cache(runs, monkeypatch):
     import weknora_nb.core.run as core_run
     from weknora_nb.core.run import iter_runs
-    from weknora_nb.reports.notebook import _run_key
+    from weknora_nb.reports.cache import _run_key
 
     tmp, *_ = runs
     asked = []

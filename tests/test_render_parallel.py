@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -24,17 +25,14 @@ from weknora_nb import cli
 from weknora_nb.core import run as core_run
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.results import read_results, write_results
-from weknora_nb.reports import notebook as wn
+from weknora_nb.reports import cache as rc
 from weknora_nb.reports import render as render_module
 from weknora_nb.reports.render import (
     CACHE_FOLDER,
-    THREAD_VARIABLES,
     ReportRequest,
-    _Kernel,
-    _kernel_manager_class,
     _Page,
+    _render_page,
     default_jobs,
-    kernel_environment,
     render_report,
     render_reports,
 )
@@ -61,9 +59,9 @@ def requests(a: Path, b: Path, out: Path, notebooks: tuple[str, ...] = NOTEBOOKS
             ReportRequest(b, (a,), out, notebooks=notebooks)]
 
 
-#: what differs between any two renderings, parallel or not: the id papermill gives the injected-parameters
-#: cell, the one pandas gives each styled table (random each time) and the addresses in plain-text reprs
-RANDOM_IDS = re.compile(r'(?<=<div id=)"cell-id=[0-9a-f-]+"(?= class="[^"]*celltag_injected-parameters)'
+#: what differs between any two renderings, parallel or not: the id papermill gives the injected-parameters cell
+#: (every cell id is left out), the one pandas gives each styled table (random each time) and the addresses in reprs
+RANDOM_IDS = re.compile(r'(?<=id=")cell-id=[0-9a-f-]+(?=")'
                         r'|(?<=T_)[0-9a-f]{5}(?=[_"\\\s])|(?<= at 0x)[0-9a-f]+')
 
 
@@ -102,18 +100,6 @@ def test_reports_rendered_in_parallel_equal_those_rendered_one_notebook_after_an
     assert [c.execution_count for c in first.cells if c.cell_type == "code"][:2] == [1, 2]  # numbered from 1
 
 
-def test_kernels_started_at_once_get_their_share_of_threads_unless_the_user_set_them(monkeypatch):
-    for name in THREAD_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    assert kernel_environment(None) == dict(os.environ)
-    assert {k: kernel_environment(2)[k] for k in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, "2")
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    env = kernel_environment(1)
-    assert env["OMP_NUM_THREADS"] == "3" and env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
-    assert {k: v for k, v in env.items() if k not in THREAD_VARIABLES} == {
-        k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-
-
 def test_the_default_number_of_jobs_is_one_per_core_and_never_more_than_the_pages():
     assert default_jobs(1) == 1
     assert 1 <= default_jobs(100) <= (os.cpu_count() or 1)
@@ -121,32 +107,23 @@ def test_the_default_number_of_jobs_is_one_per_core_and_never_more_than_the_page
 
 
 # ---------------------------------------------------------------------------------------
-# a kept kernel starts each notebook as a new kernel would
+# each notebook in a kernel of its own
 # ---------------------------------------------------------------------------------------
 LEAKS = textwrap.dedent("""\
-    import os, sys, warnings, weakref
+    import os, sys
     import matplotlib
-    import tellonce
     x = 1
-    class Cycle: pass
-    cycle = Cycle()
-    cycle.itself = cycle   # freed only by the garbage collector
-    tellonce.left = weakref.ref(cycle)
     matplotlib.rcParams["font.size"] = 31
     os.environ["WEKNORA_NB_LEAK"] = "1"
     sys.path.insert(0, "/nowhere")
     os.chdir("/")
-    tellonce.tell()
+    print(os.environ.get("WEKNORA_NB_CACHE"))
 """)
 LOOKS = textwrap.dedent("""\
-    import gc, os, sys
+    import os, sys, tempfile
     import matplotlib
-    import tellonce
-    tellonce.tell()  # warned again: a new kernel has not warned yet
     print("x" in globals(), matplotlib.rcParams["font.size"], os.environ.get("WEKNORA_NB_LEAK"),
-          os.getcwd(), "/nowhere" in sys.path, os.environ.get("WEKNORA_NB_CACHE"), os.environ["OMP_NUM_THREADS"])
-    # the last notebook's cyclic garbage was collected, and what the kernel keeps is left out of the passes
-    print(getattr(tellonce, "left", lambda: None)() is None, gc.get_freeze_count() > 10_000)
+          os.getcwd(), "/nowhere" in sys.path, os.environ.get("WEKNORA_NB_CACHE"))
 """)
 
 
@@ -156,53 +133,26 @@ def page(tmp_path: Path, name: str, code: str, cache: Path | None = None) -> _Pa
     return _Page(name, nb, {}, tmp_path / f"{name}.ipynb", tmp_path / f"{name}.html", tmp_path, False, cache, 1.0)
 
 
+def private_kernel_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("weknora-nb-kernel-*")}
+
+
 @pytest.mark.slow
-def test_a_kept_kernel_starts_each_notebook_as_a_new_kernel_would(tmp_path, monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    (tmp_path / "tellonce.py").write_text(
-        "import warnings\n\ndef tell():\n    warnings.warn('said once per place', UserWarning)\n", encoding="utf-8")
+def test_each_notebook_runs_in_a_new_kernel_and_leaves_no_private_folder(tmp_path, monkeypatch):
+    """A page that changes its kernel (names, matplotlib's settings, the environment, the module path, the working
+    folder) leaves nothing to the next page of the same thread; each kernel finds the render cache in its
+    environment, and its private socket folder is gone once its page is written."""
+    monkeypatch.delenv("WEKNORA_NB_CACHE", raising=False)
     cache = tmp_path / "cache"
-    kept = _Kernel("python3", threads=1)   # as a render of several kernels at once starts them
-    try:
-        kept.render(page(tmp_path, "leaks", LEAKS))
-        kept.render(page(tmp_path, "after", LOOKS, cache))
-    finally:
-        kept.close()
-    new = _Kernel("python3", threads=1)
-    try:
-        new.render(page(tmp_path, "alone", LOOKS, cache))
-    finally:
-        new.close()
-    after, alone = outputs(tmp_path / "after.ipynb"), outputs(tmp_path / "alone.ipynb")
-    assert after == alone
+    before = private_kernel_folders()
+    _render_page(page(tmp_path, "leaks", LEAKS), "python3")
+    _render_page(page(tmp_path, "after", LOOKS, cache), "python3")
     shown = "".join(o.get("text", "") for o in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells[0].outputs)
-    assert "said once per place" in shown and f"False 10.0 None {tmp_path} False {cache} 1\nTrue True" in shown
-    assert [c[2] for c in after] == [1, 2]
-
-
-@pytest.mark.slow
-def test_a_kernel_client_is_ready_once_the_kernel_answers_and_says_when_the_kernel_died():
-    from jupyter_core.utils import run_sync
-
-    shown: list[str] = []
-    km = _kernel_manager_class()(kernel_name="python3")
-    run_sync(km.start_kernel)()
-    try:
-        kc = km.client()
-        kc.start_channels()
-        run_sync(kc.wait_for_ready)(timeout=60)
-        reply = run_sync(kc.execute_interactive)("print(6 * 7)", timeout=60,
-                                                 output_hook=lambda msg: shown.append(msg["content"].get("text")))
-        assert reply["content"]["status"] == "ok" and "42\n" in shown   # no message of the readiness check read
-        km.stop_clients()
-        run_sync(km.shutdown_kernel)(now=True)
-        dead = km.client()
-        dead.start_channels()
-        with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
-            run_sync(dead.wait_for_ready)(timeout=30)
-    finally:
-        km.stop_clients()
-        run_sync(km.cleanup_resources)()
+    assert shown == f"False 10.0 None {tmp_path} False {cache}\n"
+    leaks = nbformat.read(tmp_path / "leaks.ipynb", as_version=4).cells[0].outputs
+    assert "".join(o.get("text", "") for o in leaks) == "None\n"   # no cache given: none in the kernel
+    assert [c.execution_count for c in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells] == [1, 2]
+    assert private_kernel_folders() <= before
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,12 +191,12 @@ def test_after_a_failure_the_next_render_in_the_same_process_succeeds(two_runs, 
 def counted(monkeypatch) -> list[str]:
     """The run folders :func:`weknora_nb.core.run.load_run` really loaded (not from the cache), in order."""
     loads: list[str] = []
-    real = wn.load_run
+    real = rc.load_run
 
     def load(path, **kw):
         loads.append(Path(path).name)
         return real(path, **kw)
-    monkeypatch.setattr(wn, "load_run", load)
+    monkeypatch.setattr(rc, "load_run", load)
     return loads
 
 
@@ -257,64 +207,64 @@ def entries(folder: Path, kind: str = "run") -> list[str]:
 def test_a_run_is_loaded_once_and_loaded_again_when_its_files_change(two_runs, tmp_path, counted):
     a, _ = two_runs
     cache = tmp_path / "cache"
-    first = wn.cached_run(a, folder=cache)
-    again = wn.cached_run(a, folder=cache)
+    first = rc.cached_run(a, folder=cache)
+    again = rc.cached_run(a, folder=cache)
     assert counted == ["a"]  # the second from the cache
     pd.testing.assert_frame_equal(first.scores.summary, again.scores.summary)
     assert again is not first  # each caller its own copy
-    assert wn.cached_run(a, metrics=None, folder=cache) is not None and counted == ["a"]
-    wn.cached_run(a, metrics=["ndcg@5"], folder=cache)  # other metrics: another entry
+    assert rc.cached_run(a, metrics=None, folder=cache) is not None and counted == ["a"]
+    rc.cached_run(a, metrics=["ndcg@5"], folder=cache)  # other metrics: another entry
     assert counted == ["a", "a"] and len(entries(cache)) == 2
     old = entries(cache)
 
     results = read_results(a / "results.parquet")
     write_results(results[results["rank"] != 1], a / "results.parquet")  # the run changed
-    changed = wn.cached_run(a, folder=cache)
+    changed = rc.cached_run(a, folder=cache)
     assert counted == ["a", "a", "a"]
     assert not changed.scores.summary.equals(first.scores.summary)
     assert len(entries(cache)) == 2 and entries(cache) != old  # the entry replaced, not added
 
     m = json.loads((a / "manifest.json").read_text(encoding="utf-8"))
     (a / "manifest.json").write_text(json.dumps({**m, "notes": ["re-labelled"]}), encoding="utf-8")
-    assert wn.cached_run(a, folder=cache).manifest["notes"] == ["re-labelled"]
+    assert rc.cached_run(a, folder=cache).manifest["notes"] == ["re-labelled"]
     assert counted == ["a", "a", "a", "a"]
 
 
 def test_a_changed_test_set_is_a_changed_run(two_runs, tmp_path, counted):
     a, _ = two_runs
     cache = tmp_path / "cache"
-    wn.cached_run(a, folder=cache)
+    rc.cached_run(a, folder=cache)
     ts = tmp_path / "testset.jsonl"
     ts.write_text(ts.read_text(encoding="utf-8").replace('"d0": 1', '"d0": 2'), encoding="utf-8")
     with pytest.raises(Exception, match="not the one this run was collected with"):  # as load_run says
-        wn.cached_run(a, folder=cache)
+        rc.cached_run(a, folder=cache)
     assert counted == ["a", "a"]
 
 
 def test_a_damaged_entry_or_one_others_may_write_is_not_used(two_runs, tmp_path, counted, caplog):
     a, _ = two_runs
     cache = tmp_path / "cache"
-    wn.cached_run(a, folder=cache)
+    rc.cached_run(a, folder=cache)
     (entry,) = [cache / n for n in entries(cache)]
     whole = entry.read_bytes()
     entry.write_bytes(b"not a pickle")
-    assert wn.cached_run(a, folder=cache).name == "a" and counted == ["a", "a"]  # computed again, rewritten
-    wn.cached_run(a, folder=cache)
+    assert rc.cached_run(a, folder=cache).name == "a" and counted == ["a", "a"]  # computed again, rewritten
+    rc.cached_run(a, folder=cache)
     assert counted == ["a", "a"]
     entry.write_bytes(whole[:len(whole) // 2])   # cut short, as by a full disk
-    assert wn.cached_run(a, folder=cache).name == "a" and counted == ["a", "a", "a"]
-    wn.cached_run(a, folder=cache)               # written whole again: read from the cache
+    assert rc.cached_run(a, folder=cache).name == "a" and counted == ["a", "a", "a"]
+    rc.cached_run(a, folder=cache)               # written whole again: read from the cache
     assert counted == ["a", "a", "a"]
     entry.chmod(0o666)
-    wn.cached_run(a, folder=cache)
+    rc.cached_run(a, folder=cache)
     assert counted == ["a", "a", "a", "a"]
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
     with caplog.at_level(logging.WARNING, logger="weknora_nb.reports.notebook"):
-        wn.cached_run(a, folder=shared)
-        wn.cached_run(a, folder=shared)
+        rc.cached_run(a, folder=shared)
+        rc.cached_run(a, folder=shared)
     assert counted[4:] == ["a", "a"] and not list(shared.iterdir())
     assert "others can write to it" in caplog.text
 
@@ -332,17 +282,17 @@ def test_answer_values_are_computed_once_per_rendering_and_again_when_the_answer
     real = answers._answer_values
     monkeypatch.setattr(answers, "_answer_values", lambda run, stage: computed.append(run.name) or real(run, stage))
     monkeypatch.setattr(answers, "values_cache",
-                        lambda run, stage, compute: wn.cached_answer_values(run, stage, compute, folder=cache))
+                        lambda run, stage, compute: rc.cached_answer_values(run, stage, compute, folder=cache))
 
-    first = answers.answer_values(wn.cached_run(a, folder=cache))
-    again = answers.answer_values(wn.cached_run(a, folder=cache))   # another run object: from the render cache
+    first = answers.answer_values(rc.cached_run(a, folder=cache))
+    again = answers.answer_values(rc.cached_run(a, folder=cache))   # another run object: from the render cache
     assert computed == ["a"] and len(entries(cache, "answers")) == 1
     pd.testing.assert_frame_equal(first, again)
     assert first.loc["q1", "citation_precision"] == 1.0 and first.loc["q0", "citation_precision"] == 0.0
 
     (a / "answers.jsonl").write_text((a / "answers.jsonl").read_text(encoding="utf-8").replace('["x"]', '["c0"]'),
                                      encoding="utf-8")   # the answers changed
-    changed = answers.answer_values(wn.cached_run(a, folder=cache))
+    changed = answers.answer_values(rc.cached_run(a, folder=cache))
     assert computed == ["a", "a"] and changed.loc["q0", "citation_precision"] == 1.0
     assert len(entries(cache, "answers")) == 1   # the older entry replaced
     answers.answer_values(core_run.load_run(a, cache=False))   # a run not from the cache: computed, not kept
@@ -379,8 +329,8 @@ def test_the_runs_a_comparison_loads_in_a_rendering_kernel_come_from_the_cache(t
     from weknora_nb.analysis.compare import compare_runs
 
     a, b = two_runs
-    monkeypatch.setenv(wn.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(core_run, "run_cache", wn.cached_run)  # as kernel_reset sets it
+    monkeypatch.setenv(rc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(core_run, "run_cache", rc.cached_run)  # as use_in_this_kernel sets it
     first = compare_runs([a, b])
     second = compare_runs([a, b])
     assert counted == ["a", "b"]

@@ -24,9 +24,10 @@ from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.run import load_run
 from weknora_nb.core.testset import TestSet, load_testset
-from weknora_nb.reports import figures, tables
+from weknora_nb.reports import figures, kernel, tables
 from weknora_nb.reports import notebook as wn
-from weknora_nb.reports.render import NOTEBOOKS, _kernel_manager_class, headline, notebooks_dir, render_report
+from weknora_nb.reports.index_page import headline
+from weknora_nb.reports.render import NOTEBOOKS, notebooks_dir, render_report
 from weknora_nb.sandbox import SandboxServer, demo_dir
 
 KEY = "sk-report-test-9d8c7b6a5f4e"
@@ -392,9 +393,8 @@ kernel.log.error("a real kernel error")"""
 
 def test_the_kernel_is_not_interrupted_at_shutdown_and_real_errors_still_show(tmp_path, capfd):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SLOW_KERNEL_INFO)])
-    nbformat.write(nb, tmp_path / "slow.ipynb")
-    pm.execute_notebook(str(tmp_path / "slow.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                        progress_bar=False, log_output=False, kernel_manager_class=_kernel_manager_class())
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    kernel.execute(nb, tmp_path / "out.ipynb", {}, kernel_name="python3", cwd=tmp_path)
     err = capfd.readouterr().err
     assert "ERROR | a real kernel error" in err  # the kernel's log is not silenced
     assert "KeyboardInterrupt" not in err

@@ -18,6 +18,7 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import pandas as pd
 import pytest
@@ -26,16 +27,10 @@ from weknora_nb.core.errors import RunFolderError, UsageError
 from weknora_nb.core.results import write_results
 from weknora_nb.core.run import load_run
 from weknora_nb.core.testset import TestSet
-from weknora_nb.reports import figures, safe, tables
+from weknora_nb.reports import figures, kernel, safe, tables
 from weknora_nb.reports import notebook as wn
-from weknora_nb.reports.render import (
-    Report,
-    _kernel_manager_class,
-    notebooks_for,
-    render_report,
-    write_index,
-    write_overview,
-)
+from weknora_nb.reports.index_page import write_index, write_overview
+from weknora_nb.reports.render import Report, notebooks_for, render_report
 
 from .conftest import failed, ranked, results_frame
 
@@ -340,26 +335,34 @@ def test_only_the_packaged_notebooks_are_rendered(tmp_path, one_run):
 # 5. reports rendered at the same time
 # ---------------------------------------------------------------------------------------
 def test_each_kernel_has_its_sockets_and_connection_file_in_a_private_folder_removed_afterwards(tmp_path):
-    km = _kernel_manager_class()(kernel_name="python3")
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    managers: list = []
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    done = kernel.execute(nb, out / "run.ipynb", {}, kernel_name="python3", cwd=work, started=managers.append)
+    km = managers[0]
     private = Path(km.connection_file).parent
-    assert Path(km.ip).is_absolute() and Path(km.ip).parent == private
-    assert stat.S_IMODE(private.stat().st_mode) == 0o700 and not private.is_relative_to(tmp_path)
-    seen: list[str] = []
+    assert Path(km.ip).is_absolute() and Path(km.ip).parent == private and private.name.startswith("weknora-nb-kernel-")
+    assert not private.is_relative_to(tmp_path) and not private.exists()   # removed with the kernel
+    assert not asyncio.run(km.is_alive())
+    assert done.cells[0].outputs[0].text == "42\n"
+    assert not list(work.iterdir())  # nothing in the kernel's working folder
 
-    async def start_and_stop() -> None:
-        await km.start_kernel(cwd=str(tmp_path))
-        client = km.client()
-        client.start_channels()
-        try:
-            await client.wait_for_ready(timeout=60)
-            seen.extend(p.name for p in private.iterdir())
-        finally:
-            client.stop_channels()
-            await km.shutdown_kernel(now=True)
-    asyncio.run(start_and_stop())
-    assert "kernel.json" in seen and any(n.startswith("ipc-") for n in seen)  # the connection file and sockets
-    assert not private.exists()  # removed with the kernel
-    assert not list(tmp_path.iterdir())  # nothing in the kernel's working folder
+
+def test_a_private_kernel_folder_is_readable_by_its_owner_only(tmp_path):
+    seen: list = []
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+    def started(km) -> None:
+        private = Path(km.connection_file).parent
+        seen.append((stat.S_IMODE(private.stat().st_mode), sorted(p.name for p in private.iterdir())))
+
+    kernel.execute(nb, tmp_path / "run.ipynb", {}, kernel_name="python3", cwd=tmp_path, started=started)
+    mode, names = seen[0]
+    assert mode & 0o777 == 0o700 and "kernel.json" in names   # the sockets (ip-N) are made there as the kernel binds
 
 
 @pytest.mark.slow

@@ -325,9 +325,9 @@ def answer_values(run: Run, *, stage: str = "citations") -> pd.DataFrame:
     return values.copy()
 
 
-#: set while reports render (in their kernels: :func:`weknora_nb.reports.render.kernel_reset`): ``values_cache(run,
+#: set while reports render (in their kernels: :func:`weknora_nb.reports.cache.use_in_this_kernel`): ``values_cache(run,
 #: stage, compute)`` is ``compute()``, the values of ``run`` at ``stage``, computed once per rendering for the bytes of
-#: its folder's files (:func:`weknora_nb.reports.notebook.cached_answer_values`); None: computed in this process
+#: its folder's files (:func:`weknora_nb.reports.cache.cached_answer_values`); None: computed in this process
 values_cache: Callable[[Run, str, Callable[[], pd.DataFrame]], pd.DataFrame] | None = None
 
 #: the last :func:`answer_values` of each run object: (a reference to check it is that run, (stage, files), values)

@@ -114,6 +114,33 @@ def describe(fig) -> str:
     return " | ".join([p for p in (head, *panels) if p]) or "a figure"
 
 
+#: the IPython formatters :func:`describe_figures` already extended (a notebook may open its run twice)
+_described: set[int] = set()
+
+
+def describe_figures() -> None:
+    """In an IPython kernel: each figure shown carries its description (:func:`describe`) as the image's metadata,
+    which the reports' template writes as its alt text; the image is the inline backend's, byte for byte. Once per
+    kernel; nothing outside IPython."""
+    from IPython import get_ipython
+    from matplotlib.figure import Figure
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    png = shell.display_formatter.formatters["image/png"]
+    if id(png) in _described:
+        return
+    plt.close(plt.figure())  # the inline backend registers its figure formatter with the first figure
+    draw = png.lookup_by_type(Figure)
+
+    def with_description(fig: Figure) -> Any:
+        data = draw(fig)
+        return data if data is None else (data, {"alt": describe(fig)})
+    png.for_type(Figure, with_description)
+    _described.add(id(png))
+
+
 def _done(fig):
     """Detach the figure from pyplot so that Jupyter shows it once: as the value returned."""
     plt.close(fig)

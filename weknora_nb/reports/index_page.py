@@ -1,0 +1,112 @@
+"""The index pages of the reports: a run's ``index.html`` (its headline figures and its notebooks) and the
+overview linking every run's report. Every text from a run is escaped (:mod:`weknora_nb.reports.safe`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from weknora_nb.core.errors import writing
+from weknora_nb.core.pipeline import HEADLINE_METRIC
+from weknora_nb.reports.fonts import embed_font
+from weknora_nb.reports.report import Report
+from weknora_nb.reports.safe import esc, href
+
+
+def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
+             metrics: Iterable[str] | None = None, domain_adjustment: float = 0.0,
+             cache: Path | None = None) -> dict[str, Any]:
+    """The figures an index page shows: the focus stage's means and tiers, counts, warnings, and the
+    headline metric's delta to the first baseline (95 % CI, p after Holm).
+
+    The focus stage is :func:`weknora_nb.reports.tables.report_stage` of ``stage``; the tiers
+    follow ``domain_adjustment``. ``failed``: a sentence for each stage whose every request
+    failed (such a focus stage has no figure and no comparison). ``cache``: the render cache
+    folder, where the runs loaded and scored by the notebooks are found (None: load them).
+    """
+    from weknora_nb.reports.notebook import cached_run
+    from weknora_nb.reports.tables import failure_lines, report_stage
+
+    metrics = None if metrics is None else list(metrics)
+    run = cached_run(run_dir, metrics=metrics, domain_adjustment=domain_adjustment, folder=cache)
+    stage = report_stage(run, stage)
+    s = run.scores.summary[run.scores.summary["stage"] == stage]
+    out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
+                           "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
+                           "failed": failure_lines(run.scores), "baselines": len(baselines)}
+    if baselines and stage in run.scores.stages:
+        from weknora_nb.analysis.compare import compare_runs
+
+        runs = [cached_run(p, metrics=metrics, folder=cache) for p in [*baselines, run_dir]]
+        cmp = compare_runs(runs, stage=stage, metrics=metrics, resamples=2000)
+        row = cmp.metrics[cmp.metrics["run"] == run.name].set_index("metric")
+        if HEADLINE_METRIC in row.index:
+            r = row.loc[HEADLINE_METRIC]
+            out["vs"] = {"metric": HEADLINE_METRIC, "baseline": r["baseline"], "delta": r["delta"],
+                         "ci": (r["ci_low"], r["ci_high"]), "p_holm": r["p_holm"]}
+    return out
+
+
+_STYLE = """<style>body{font-family:"WenQuanYi Micro Hei","Noto Sans CJK SC",sans-serif;margin:2em;max-width:70em}
+td,th{padding:2px 8px;text-align:left}.excellent{background:#1a9850}.good{background:#91cf60}
+.pass{background:#fee08b}.fail{background:#f46d43}.warn{color:#a50026}</style>"""
+
+
+def _tier(t: Any) -> str:
+    """A tier name, or "" for a metric without tiers."""
+    return t if isinstance(t, str) else ""
+
+
+def _label(metric: str) -> str:
+    """How a metric name reads in a sentence: ``ndcg@5`` as ``NDCG@5``."""
+    return metric.upper()
+
+
+def write_index(report: Report) -> Path:
+    """``index.html`` of one run: links to its notebooks and its headline figures (all text escaped)."""
+    e = esc
+    h = report.headline
+    rows = "".join(f'<tr><td>{e(m)}</td><td class="{e(_tier(t))}">{v:.3f}</td><td>{e(_tier(t))}</td></tr>'
+                   for m, v, t in h.get("metrics", []))
+    c = h.get("counts", {})
+    counts = (f"{c.get('n_valid', 0)} valid / {c.get('n_queries', 0)} queries, {c.get('n_invalid', 0)} invalid, "
+              f"{c.get('n_failed', 0)} failed and {c.get('n_missing', 0)} missing requests")
+    vs = ""
+    if "vs" in h:
+        v = h["vs"]
+        vs = (f"<p>{e(_label(v['metric']))} vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI "
+              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+    elif not h.get("baselines") and "05_compare" in report.pages:
+        vs = "<p>No baseline given: 05_compare shows the history of the runs, no comparison.</p>"
+    warns = "".join(f'<p class="warn">{e(w)}</p>' for w in [*h.get("failed", []), *h.get("warnings", [])])
+    links = "".join(f'<li><a href="{href(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
+            f"<h1>weknora-nb report: {e(report.run)}</h1><p>Stage <b>{e(h.get('stage', ''))}</b>; {e(counts)}</p>"
+            f"{vs}{warns}<table><tr><th>metric</th><th>mean</th><th>tier</th></tr>{rows}</table>"
+            f"<h2>Notebooks</h2><ul>{links}</ul></body></html>")
+    with writing(report.index):
+        report.index.write_text(page, encoding="utf-8")
+    return report.index
+
+
+def write_overview(reports: list[Report], path: Path) -> Path:
+    """A top-level ``index.html`` linking several runs' reports with their headline figures (all text escaped)."""
+    e = esc
+    items = []
+    for r in reports:
+        m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
+        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", HEADLINE_METRIC, "hit@5"))
+        vs = ""
+        if "vs" in r.headline:
+            v = r.headline["vs"]
+            vs = (f"; {_label(v['metric'])} vs {v['baseline']}: {v['delta']:+.3f} "
+                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
+        rel = r.index.relative_to(path.parent)
+        items.append(f'<li><a href="{href(rel)}">{e(r.run)}</a>: {e(figs + vs)}</li>')
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
+            f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>")
+    with writing(path):
+        path.write_text(page, encoding="utf-8")
+    embed_font([path])
+    return path
