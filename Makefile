@@ -28,12 +28,8 @@ $(VENV)/.runtime: $(BIN)/python requirements.txt pyproject.toml
 	$(BIN)/python -m weknora_nb.sandbox.pgvector
 	touch $@
 
-# rfc3987-syntax (jupyterlab -> jupyter-events -> jsonschema[format-nongpl]) compiles some 40 Lark grammars
-# whenever jsonschema is imported, so every process importing nbformat paid for it (3.6 s on a 2-core VM,
-# 0.5 s without it); nothing here validates IRI formats, and jsonschema skips a format it has no checker for
 $(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
-	$(BIN)/python -m pip uninstall --quiet --yes rfc3987-syntax
 	touch $@
 
 demo: $(VENV)/.runtime
