@@ -1,0 +1,65 @@
+"""``weknora-nb score``: a results file scored against a test set, printed as a table or as JSON (the per-query
+figures, on request, written to a file of their own)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from weknora_nb.cli.options import Subparsers, domain_adjustment, metric_names
+
+
+def add_score(sub: Subparsers) -> None:
+    s = sub.add_parser("score", help="score a results file against a test set")
+    s.add_argument("testset", help="test set: .jsonl, .csv, .parquet or a WeKnora dataset folder")
+    s.add_argument("results", help="results table: .parquet, .csv or .jsonl")
+    s.add_argument("--metrics", nargs="+", default=None, type=metric_names,
+                   help="metric names, e.g. recall@5 ndcg@10 ndcg@10:linear "
+                        "(default: the set of docs/method.md section 3)")
+    s.add_argument("--stage", action="append", help="score only this stage (repeatable)")
+    s.add_argument("--domain-adjustment", type=domain_adjustment, default=0.0,
+                   help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    s.add_argument("--compact", action="store_true", help="with --json: no indentation")
+    s.add_argument("--per-query-out", metavar="PATH",
+                   help="write the per-query figures (each metric per query and stage, averaged over repeats) to "
+                        "PATH: .parquet, .csv or .jsonl (then --json leaves them out)")
+    s.set_defaults(func=cmd_score)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
+    for a query of the test set): the figures would be empty, not zero. Failed or missing requests
+    of a partial run are counted and listed in the output, and the exit stays 0."""
+    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
+    from weknora_nb.reports.text import format_scores
+
+    metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
+    if args.per_query_out:
+        per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
+    sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
+                     domain_adjustment=args.domain_adjustment)
+    if args.per_query_out:
+        sc.write_per_query(args.per_query_out)
+    if args.json:
+        _print_bytes(sc.json_pieces(per_query=not args.per_query_out, indent=not args.compact))
+    else:
+        print(format_scores(sc))
+    if sc.counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
+        print(f"error: nothing was scored: {sc.counts.incomplete_reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_bytes(pieces: list[bytes | memoryview]) -> None:
+    """Print UTF-8 text given as pieces of bytes (and a newline) on stdout, without decoding it when stdout takes
+    bytes."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        print(b"".join(pieces).decode("utf-8"))
+        return
+    sys.stdout.flush()
+    out.writelines(pieces)
+    out.write(b"\n")
+    out.flush()
+
