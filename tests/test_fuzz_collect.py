@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weknora_nb.cli import _faults
+from weknora_nb.cli.options import faults as faults_option
 from weknora_nb.collect.checkpoint import _record_problem, read_checkpoint
 from weknora_nb.collect.collector import compile_results
 from weknora_nb.collect.stages import ENDPOINTS, Stage, load_stage_file, resolve_stages
@@ -225,7 +225,7 @@ fault_values = st.none() | st.booleans() | st.integers() | st.floats() | st.text
                                max_size=12).map("".join)))
 def test_faults_are_settings_the_sandbox_can_run_or_argparses_error(text):
     try:
-        data = _faults(text)
+        data = faults_option(text)
     except argparse.ArgumentTypeError as err:
         assert str(err)
         return

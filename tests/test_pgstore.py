@@ -232,12 +232,12 @@ def _write(index, text: str) -> Path:
 
 
 def test_sandbox_serve_prints_a_dsn_that_works_with_the_password_from_the_environment(monkeypatch, capsys):
-    from weknora_nb.cli import PG_PASSWORD_ENV, _print_sandbox_database
+    from weknora_nb.cli.sandbox import PG_PASSWORD_ENV, print_sandbox_database
 
     password = "pw-" + secrets.token_hex(6)
     monkeypatch.setenv(PG_PASSWORD_ENV, password)
     with SandboxServer("baseline", data_dir=MINI, api_key=KEY) as sb:
-        _print_sandbox_database(sb)
+        print_sandbox_database(sb)
         out = capsys.readouterr().out
         assert password not in out
         dsn = out.split('WEKNORA_NB_PG_DSN="', 1)[1].split('"', 1)[0].replace(f"${PG_PASSWORD_ENV}", password)

@@ -557,6 +557,7 @@ def test_processes_sharing_a_cache_folder_embed_each_text_once_and_lose_no_entry
 
 def test_the_weknora_release_to_emulate(monkeypatch):
     from weknora_nb import cli, sandbox
+    from weknora_nb.cli.sandbox import cmd_sandbox_serve
     from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
 
     assert SandboxServer("baseline", data_dir=MINI).release is RELEASES[DEFAULT_RELEASE]
@@ -579,7 +580,7 @@ def test_the_weknora_release_to_emulate(monkeypatch):
     monkeypatch.setenv("WEKNORA_API_KEY", KEY)
     monkeypatch.setattr(sandbox, "SandboxServer", fake_server)
     with pytest.raises(Stop):
-        cli._cmd_sandbox_serve(parser.parse_args(["sandbox", "serve", "--weknora-version", "main", "--port", "0"]))
+        cmd_sandbox_serve(parser.parse_args(["sandbox", "serve", "--weknora-version", "main", "--port", "0"]))
     assert seen["weknora_version"] == "main"
 
 
