@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from weknora_nb.analysis.coverage import coverage_warning
-from weknora_nb.analysis.diagnose import CONVERSATION, effective_config
+from weknora_nb.analysis.diagnose.settings import CONVERSATION, effective_config
 from weknora_nb.analysis.evidence import effect_columns
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
 from weknora_nb.core.errors import NotComparableError, UsageError, WeknoraNbError
