@@ -70,9 +70,6 @@ from weknora_nb.core.errors import InputError, UsageError, reading
 from weknora_nb.core.lineage import file_sha256, write_version
 from weknora_nb.core.testset import TestSet, load_testset
 
-__all__ = ["LINK_NEW", "LINK_OLD", "PURE", "COVERS", "WHOLE", "MIN_OWN", "INSIDE", "RULES", "CarryOver", "normalise",
-           "ngram_size", "ngrams", "read_inventory", "link_chunks", "carry_over", "carry_over_files", "review_path"]
-
 log = logging.getLogger(__name__)
 
 #: N is linked to O when this share of N's text is O's own ...

@@ -36,9 +36,6 @@ from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, 
 from weknora_nb.core.run import Run, flatten, iter_runs, load_run
 from weknora_nb.core.testset import load_testset
 
-__all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend", "Ranking",
-           "rank_versions"]
-
 #: configuration keys that name or describe a version rather than configure it
 _IGNORED_KEYS = ("description", "version", "name", "faults")
 #: what a stage's record says about how it was collected or what came back, not what it ran
