@@ -11,7 +11,7 @@ import pytest
 
 from weknora_nb import TestSet, load_testset
 from weknora_nb.analysis.carryover import carry_over, carry_over_files, link_chunks, normalise, review_path
-from weknora_nb.analysis.pooling import WORKSHEET_COLUMNS, read_worksheet
+from weknora_nb.analysis.worksheet import WORKSHEET_COLUMNS, read_worksheet
 from weknora_nb.cli import main
 from weknora_nb.core.errors import InputError, UsageError
 from weknora_nb.core.lineage import lineage_path, merge_labels, read_lineage
@@ -165,7 +165,7 @@ def test_files_new_version_lineage_and_a_review_sheet_that_merges_back(tmp_path)
     sheet.to_csv(review_path(out), index=False, encoding="utf-8-sig")
     assert [(j.chunk_id, j.grade) for j in read_worksheet(review_path(out))] == [("n1", 3)]
     t3 = tmp_path / "t3.jsonl"
-    from weknora_nb.analysis.pooling import label_file
+    from weknora_nb.analysis.worksheet import label_file
 
     merge_labels(out, [label_file(review_path(out))], t3)
     assert [r["relevant"] for r in load_testset(t3).records()] == [{"n1": 3}, {"n2": 1}]

@@ -385,6 +385,7 @@ def test_a_builtin_stage_is_preferred_over_a_custom_one_of_its_role():
 
 def test_a_new_cause_is_one_registered_function():
     from weknora_nb.analysis import diagnose as dg
+    from weknora_nb.analysis.diagnose import rules
 
     @dg.cause("test: lost grade 3", level="chunk")
     def _lost_grade_3(lost: dg.LostChunk) -> list[str]:
@@ -396,7 +397,7 @@ def test_a_new_cause_is_one_registered_function():
         assert d.summary().loc["test: lost grade 3", "final"] == 1
         assert dg.causes()[:len(dg.CAUSES)] == dg.CAUSES
     finally:
-        del dg._REGISTRY["test: lost grade 3"]
+        del rules._REGISTRY["test: lost grade 3"]
 
 
 def _trace(*rows) -> pd.DataFrame:

@@ -21,6 +21,8 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 from weknora_nb.analysis import diagnose as dg
+from weknora_nb.analysis.diagnose import overlap
+from weknora_nb.analysis.diagnose.diagnosis import _listings, _lists
 from weknora_nb.core.results import expand_sub_chunks
 from weknora_nb.core.segmenter import jieba_ready
 
@@ -64,8 +66,8 @@ def plain_positions(inventory: pd.DataFrame | None, lists: dict[tuple[str, str],
 def plain_tokens(text: str) -> frozenset[str]:
     """``_tokens`` as it was: jieba over the whole text."""
     t = text.lower().strip()
-    words = jieba_ready().cut_for_search(t, HMM=True) if dg._CJK.search(t) else t.split()
-    return frozenset(w for w in (x.strip() for x in words) if len(w) > 1 and not dg._punctuation_only(w))
+    words = jieba_ready().cut_for_search(t, HMM=True) if overlap._CJK.search(t) else t.split()
+    return frozenset(w for w in (x.strip() for x in words) if len(w) > 1 and not overlap._punctuation_only(w))
 
 
 def random_results(rng: np.random.Generator, *, sub_chunks: bool) -> pd.DataFrame:
@@ -112,14 +114,14 @@ def same_values(a: list[Any], b: list[Any]) -> bool:
 def test_lists_split_once_are_the_groupby_lists(seed):
     rng = np.random.default_rng(seed)
     results = random_results(rng, sub_chunks=seed % 4 != 0)
-    lists, listed = dg._lists(results)
+    lists, listed = _lists(results)
     plain = plain_lists(results)
     assert list(lists) == list(plain)
     for key, lst in plain.items():
         assert_frame_equal(lists[key], lst, check_exact=True)
     if plain:
         assert_frame_equal(listed, pd.concat(list(plain.values()), ignore_index=True), check_exact=True)
-    listings = dg._listings(lists, listed)
+    listings = _listings(lists, listed)
     for lst in lists.values():
         assert all(same_values(listings[id(lst)].column(c), lst[c].tolist()) for c in lst.columns)
     inventory = pd.DataFrame({"chunk_id": CHUNKS[::2], "knowledge_id": ["inv"] * len(CHUNKS[::2]),
@@ -131,8 +133,8 @@ def test_lists_split_once_are_the_groupby_lists(seed):
 @pytest.mark.parametrize("seed", range(examples(25)))
 def test_values_read_from_the_listings_are_the_pandas_lookups(seed):
     rng = np.random.default_rng(1000 + seed)
-    lists, listed = dg._lists(random_results(rng, sub_chunks=True))
-    listings = dg._listings(lists, listed)
+    lists, listed = _lists(random_results(rng, sub_chunks=True))
+    listings = _listings(lists, listed)
     for (qid, stage), r in lists.items():
         paths = {role: lists[(qid, role)] for role in ("vector", "keyword", "hybrid") if (qid, role) in lists}
         k = int(rng.integers(1, 6))
@@ -190,4 +192,4 @@ def test_tokens_cut_run_by_run_are_those_of_the_whole_text():
     texts += ["\n".join(texts[i:i + 4]) for i in range(0, 400, 4)]  # kept results: chunk texts joined
     texts += ["", "  ", "ascii only, no Chinese", "中", "\u9fd6\u9fff", "ＡＢＣ全角"]
     for text in texts:
-        assert dg._tokens.__wrapped__(text) == plain_tokens(text), repr(text)
+        assert overlap._tokens.__wrapped__(text) == plain_tokens(text), repr(text)

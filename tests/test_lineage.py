@@ -13,7 +13,8 @@ import pytest
 
 import weknora_nb
 from weknora_nb import TestSet, load_testset
-from weknora_nb.analysis.pooling import label_file, pool, write_worksheet
+from weknora_nb.analysis.pooling import pool
+from weknora_nb.analysis.worksheet import label_file, write_worksheet
 from weknora_nb.cli import main
 from weknora_nb.core.errors import InputError
 from weknora_nb.core.labels import LabelsLog

@@ -1,4 +1,5 @@
-"""Pooling for judging and the worksheet people judge in (analysis/pooling.py, ``testset pool``)."""
+"""Pooling for judging and the worksheet people judge in (analysis/pooling.py, analysis/worksheet.py,
+``testset pool``)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,8 @@ import pandas as pd
 import pytest
 
 from weknora_nb import TestSet
-from weknora_nb.analysis.pooling import (
-    NO_TEXT,
-    WORKSHEET_COLUMNS,
-    pool,
-    read_judgements,
-    read_worksheet,
-    write_worksheet,
-)
+from weknora_nb.analysis.pooling import NO_TEXT, pool
+from weknora_nb.analysis.worksheet import WORKSHEET_COLUMNS, read_judgements, read_worksheet, write_worksheet
 from weknora_nb.cli import main
 from weknora_nb.core.errors import InputError, RunFolderError
 from weknora_nb.core.results import write_results

@@ -28,8 +28,6 @@ import pandas as pd
 
 from weknora_nb.core.labels import GRADES, Judgement, latest
 
-__all__ = ["PairAgreement", "FleissAgreement", "Agreement", "weighted_kappa", "fleiss_kappa", "agreement"]
-
 WEIGHTS = ("linear", "quadratic", None)
 
 

@@ -21,8 +21,6 @@ from weknora_nb.analysis.answers import ANSWER_METRICS, answer_values
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
 from weknora_nb.core.run import Run
 
-__all__ = ["compare_answers", "deltas_by_type"]
-
 
 def _paired(a: pd.DataFrame, b: pd.DataFrame, mets: list[str], resamples: int, seed: int) -> pd.DataFrame:
     rows = []

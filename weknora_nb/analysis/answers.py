@@ -45,10 +45,6 @@ from weknora_nb.core.answers import JUDGE_MANIFEST, JUDGEMENTS, read_answers, re
 from weknora_nb.core.errors import InputError, Problem, reading
 from weknora_nb.core.run import ANSWERS, Run
 
-__all__ = ["CRITERIA", "judgement_frame", "criterion_summary", "stability", "pairwise_summary", "read_ratings",
-           "calibration", "quadratic_weighted_kappa", "judge_summary", "format_judge_summary", "ANSWER_METRICS",
-           "answer_values", "judge_model"]
-
 CRITERIA = ("correctness", "faithfulness", "relevance")
 _KEYS = ["query_id", "stage", "repeat"]
 

@@ -45,7 +45,7 @@ the mapping is made by content, never by id, and only inside one knowledge (docu
    text. Labels on chunks the old inventory does not list are kept as they are.
 
 The new test set holds the carried labels (and those kept); the ones that need a person are
-written beside it as a worksheet (:mod:`weknora_nb.analysis.pooling`'s columns plus
+written beside it as a worksheet (:mod:`weknora_nb.analysis.worksheet`'s columns plus
 ``old_chunk_ids`` and ``old_content``), to be graded with the same tools and merged with
 ``testset merge-labels``.
 """
@@ -65,13 +65,10 @@ from typing import Any
 
 import pandas as pd
 
-from weknora_nb.analysis.pooling import WORKSHEET_COLUMNS, write_worksheet
+from weknora_nb.analysis.worksheet import WORKSHEET_COLUMNS, write_worksheet
 from weknora_nb.core.errors import InputError, UsageError, reading
 from weknora_nb.core.lineage import file_sha256, write_version
 from weknora_nb.core.testset import TestSet, load_testset
-
-__all__ = ["LINK_NEW", "LINK_OLD", "PURE", "COVERS", "WHOLE", "MIN_OWN", "INSIDE", "RULES", "CarryOver", "normalise",
-           "ngram_size", "ngrams", "read_inventory", "link_chunks", "carry_over", "carry_over_files", "review_path"]
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,6 @@ from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import score
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["CITATION_METRICS", "CitationScores", "citation_scores", "rbo", "kendall_tau", "citation_table"]
-
 #: the per-answer columns :func:`citation_scores` computes, in the order reports show them
 CITATION_METRICS = ("citation_precision", "citation_recall", "citation_ndcg@10", "cites_grade3",
                     "cited_not_referenced", "no_citation", "kendall_tau", "rbo", "reordered")

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from weknora_nb.analysis.coverage import coverage_warning
-from weknora_nb.analysis.diagnose import CONVERSATION, effective_config
+from weknora_nb.analysis.diagnose.settings import CONVERSATION, effective_config
 from weknora_nb.analysis.evidence import effect_columns
 from weknora_nb.analysis.stats import DEFAULT_RESAMPLES, holm, paired_bootstrap_ci, randomization_test
 from weknora_nb.core.errors import NotComparableError, UsageError, WeknoraNbError
@@ -35,9 +35,6 @@ from weknora_nb.core.metrics import DEFAULT_METRICS, parse_metrics
 from weknora_nb.core.pipeline import FOCUS_STAGE, HEADLINE_METRIC, focus_stage, role_of, significance_warning
 from weknora_nb.core.run import Run, flatten, iter_runs, load_run
 from weknora_nb.core.testset import load_testset
-
-__all__ = ["Comparison", "compare_runs", "config_diff", "history", "latency_table", "recommend", "Ranking",
-           "rank_versions"]
 
 #: configuration keys that name or describe a version rather than configure it
 _IGNORED_KEYS = ("description", "version", "name", "faults")

@@ -25,9 +25,6 @@ from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import score
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["COVERAGE_K", "COVERAGE_DROP", "coverage_table", "unjudged_as_relevant", "coverage_bounds",
-           "coverage_warning"]
-
 #: the cutoff of the coverage figure reports show beside every metric table
 COVERAGE_K = 10
 #: the largest drop of judged@K between baseline and compared run before a comparison is flagged

@@ -92,10 +92,6 @@ from weknora_nb.analysis.stats import (
 )
 from weknora_nb.core.errors import UsageError
 
-__all__ = ["NON_INFERIOR", "NOT_WORSE", "KINDS", "PASS", "FAIL", "INCONCLUSIVE", "ADJUSTMENTS", "Bound",
-           "margin_verdict", "bound_passed", "evidence_bounds", "rule_text", "effect_table", "effect_columns",
-           "noise_split", "weighted_figures"]
-
 NON_INFERIOR, NOT_WORSE = "non-inferior", "not-worse"
 KINDS = (NON_INFERIOR, NOT_WORSE)
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"

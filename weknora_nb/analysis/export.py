@@ -45,9 +45,6 @@ from weknora_nb.core.results import expand_sub_chunks, write_trec_run
 from weknora_nb.core.run import Run, load_run
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["FORMATS", "gate_markdown", "gate_junit", "write_text", "ranx_qrels", "ranx_run", "ranx_metric_name",
-           "returned_lists", "export_run", "markdown_table", "latex_table"]
-
 #: the run formats :func:`export_run` writes
 FORMATS = ("ranx", "trec")
 

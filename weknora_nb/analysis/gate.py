@@ -64,8 +64,6 @@ from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.run import Run, load_run
 from weknora_nb.core.scoring import Scores, score
 
-__all__ = ["GateResult", "gate", "parse_bounds", "parse_metric_name", "answer_metric_names", "AnswerValues"]
-
 #: a provider of answer metrics: one row per query, ``query_id`` and a column per answer metric
 AnswerValues = Callable[[Run], pd.DataFrame]
 JUDGE_PREFIX = "judge."

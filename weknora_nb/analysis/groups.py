@@ -45,8 +45,6 @@ from weknora_nb.core.pipeline import HEADLINE_METRIC
 from weknora_nb.core.run import Run
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["GroupGains", "group_gains", "GROUP_DIMENSIONS", "PAYS", "SMALL_GAIN", "LOSES", "NO_CLEAR"]
-
 GROUP_DIMENSIONS = ("query_type", "tag", "rule_type")
 PAYS, SMALL_GAIN, LOSES, NO_CLEAR = "pays", "small gain", "loses", "no clear difference"
 

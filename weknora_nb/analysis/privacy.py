@@ -25,8 +25,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
 
-__all__ = ["KINDS", "PLACEHOLDERS", "Masked", "mask", "id_card_ok", "luhn_ok"]
-
 #: the kinds of personal data, in the order they are looked for
 KINDS = ("email", "id", "card", "phone")
 PLACEHOLDERS = {"email": "<EMAIL>", "id": "<ID>", "card": "<CARD>", "phone": "<PHONE>"}

@@ -53,9 +53,6 @@ from weknora_nb.analysis.stratify import QueryTypeRules, load_rules
 from weknora_nb.core.errors import UsageError, writing
 from weknora_nb.core.files import atomic_path
 
-__all__ = ["AskedQuery", "Cluster", "Sample", "normalise", "vagueness", "cluster", "allocate", "sample_candidates",
-           "write_candidates", "summary_path", "FREQUENT", "LONG_TAIL"]
-
 FREQUENT, LONG_TAIL = "frequent", "long-tail"
 #: greetings and thanks: a text made of these alone is off-topic
 _GREETINGS = ("你好", "您好", "hello", "hi", "hey", "在吗", "在不在", "谢谢", "多谢", "感谢", "thanks", "thank you",

@@ -44,12 +44,7 @@ from statistics import NormalDist
 import numpy as np
 
 from weknora_nb.core.errors import UsageError
-from weknora_nb.core.pipeline import significance_warning
-
-__all__ = ["bootstrap_ci", "paired_bootstrap_ci", "bootstrap_distribution", "randomization_test", "holm",
-           "bonferroni", "significance_warning", "small_group_warning", "z_quantile", "minimum_detectable_effect",
-           "queries_needed", "power_of", "one_sided_power", "effect_size", "share_improved", "weighted_mean",
-           "weighted_bootstrap_ci", "DEFAULT_RESAMPLES", "MIN_GROUP_SIZE", "DEFAULT_POWER", "TIE_TOLERANCE"]
+from weknora_nb.core.pipeline import significance_warning as significance_warning  # also ``weknora_nb.stats``'s
 
 DEFAULT_RESAMPLES = 10_000
 #: groups smaller than this get a warning in stratified tables

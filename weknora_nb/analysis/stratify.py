@@ -22,8 +22,6 @@ from weknora_nb.core.errors import ConfigError, Problem, UsageError
 from weknora_nb.core.scoring import Scores
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["QueryTypeRules", "load_rules", "classify", "stratify", "DIMENSIONS"]
-
 DIMENSIONS = ("query_type", "tag", "answers", "exactness", "rule_type")
 
 

@@ -31,8 +31,6 @@ from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import score
 from weknora_nb.core.testset import TestSet
 
-__all__ = ["TieRanges", "tie_ranges", "mark_ties", "DEFAULT_TIE_THRESHOLD"]
-
 DEFAULT_TIE_THRESHOLD = 0.01
 _KEYS = ["query_id", "stage", "repeat"]
 

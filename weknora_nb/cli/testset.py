@@ -81,7 +81,8 @@ def add_testset_pool(ts: Subparsers) -> None:
 
 
 def cmd_testset_pool(args: argparse.Namespace) -> int:
-    from weknora_nb.analysis.pooling import pool, write_worksheet
+    from weknora_nb.analysis.pooling import pool
+    from weknora_nb.analysis.worksheet import write_worksheet
 
     result = pool(args.testset, args.runs, depth=args.depth, assessor=args.assessor)
     write_worksheet(result.rows, args.out)
@@ -102,7 +103,7 @@ def add_testset_merge_labels(ts: Subparsers) -> None:
 
 
 def cmd_testset_merge_labels(args: argparse.Namespace) -> int:
-    from weknora_nb.analysis.pooling import label_file
+    from weknora_nb.analysis.worksheet import label_file
     from weknora_nb.core.lineage import merge_labels
 
     files = [label_file(p, args.assessor) for p in args.labels]
@@ -147,7 +148,7 @@ def add_testset_agreement(ts: Subparsers) -> None:
 
 def cmd_testset_agreement(args: argparse.Namespace) -> int:
     from weknora_nb.analysis.agreement import agreement
-    from weknora_nb.analysis.pooling import read_judgements
+    from weknora_nb.analysis.worksheet import read_judgements
 
     result = agreement(j for p in args.labels for j in read_judgements(p, args.assessor))
     print(json.dumps(result.to_json_dict(), ensure_ascii=False, indent=2) if args.json else result.describe())

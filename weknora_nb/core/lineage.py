@@ -175,7 +175,7 @@ def merge_labels(testset: str | Path, label_files: Sequence[str | Path | LabelFi
     with its lineage beside it.
 
     ``label_files``: labels logs (paths) or :class:`LabelFile` objects (e.g. filled worksheets
-    read by :func:`weknora_nb.analysis.pooling.label_file`). A label of ``testset`` is kept
+    read by :func:`weknora_nb.analysis.worksheet.label_file`). A label of ``testset`` is kept
     unless a judgement changes it. Raises :class:`InputError` naming the labels file and line of
     every judgement for a query the test set does not hold (nothing is written then).
     """
