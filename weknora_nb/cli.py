@@ -222,7 +222,7 @@ def _base_url(text: str) -> str:
     except ValueError:  # a port that is not a number or out of range, a bracket that is not closed
         ok = False
     if not ok:
-        from weknora_nb.collect.redact import redact_url  # only now: it loads the collect package
+        from weknora_nb.collect.http.redact import redact_url  # only now: it loads the collect package
 
         raise argparse.ArgumentTypeError("must be an http:// or https:// URL with a host, e.g. "
                                          f"http://127.0.0.1:8080. Got {redact_url(text)!r} instead.")
@@ -305,7 +305,7 @@ def _collect_stages(args: argparse.Namespace) -> list[Any] | None:
     """The Stage objects named by ``--stages`` (the built-in ones, then those of ``--stages-file``);
     None without ``--stages``: the collector's defaults, fitted to the knowledge bases (a stage file is
     still checked)."""
-    from weknora_nb.collect.stages import load_stage_file, resolve_stages
+    from weknora_nb.collect.run.stages import load_stage_file, resolve_stages
 
     extra = load_stage_file(args.stages_file) if args.stages_file else None
     return resolve_stages(args.stages, extra) if args.stages is not None else None
@@ -315,7 +315,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     """Collect; a knowledge base the server does not have, or a key, tenant or capability it refuses, is
     unusable input (exit 2, one line saying what to do) rather than a run of failed requests. Ctrl-C
     stops it cleanly: :class:`Interrupted` (exit 130) says what was kept and the command that resumes."""
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)  # no URL's secret in any log line
     try:
@@ -325,9 +325,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _collect_from_args(args: argparse.Namespace) -> int:
-    from weknora_nb.collect.client import ClientSettings
-    from weknora_nb.collect.collector import collect
-    from weknora_nb.collect.system import load_system_description
+    from weknora_nb.collect.http.client import ClientSettings
+    from weknora_nb.collect.run.collector import collect
+    from weknora_nb.collect.run.system import load_system_description
     from weknora_nb.core.errors import AuthFailed, NotFound
 
     system = load_system_description(args.system) if args.system else None
@@ -352,9 +352,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     ``$WEKNORA_NB_PG_DSN`` and is never shown (its password is masked in everything printed)."""
     import os
 
-    from weknora_nb.collect.client import ClientSettings
-    from weknora_nb.collect.integrity import DSN_ENV, run_checks
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.checks.integrity import DSN_ENV, run_checks
+    from weknora_nb.collect.http.client import ClientSettings
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
@@ -365,7 +365,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if not (args.embeddings_url and args.embeddings_model and dsn and args.testset):
             raise UsageError("the vector-store trace needs --embeddings-url, --embeddings-model, --dsn (or "
                              f"${DSN_ENV}) and --testset together")
-        from weknora_nb.collect.vectortrace import EmbeddingSettings
+        from weknora_nb.collect.checks.embeddings import EmbeddingSettings
 
         embeddings = EmbeddingSettings(args.embeddings_url, args.embeddings_model)
     result = run_checks(settings, args.kb_id, testset=args.testset, dsn=dsn, embeddings=embeddings)
@@ -411,8 +411,8 @@ def _interrupted_message(args: argparse.Namespace) -> str:
     import shlex
     from pathlib import Path
 
-    from weknora_nb.collect.checkpoint import count_records
-    from weknora_nb.collect.redact import redact_command
+    from weknora_nb.collect.http.redact import redact_command
+    from weknora_nb.collect.run.checkpoint import count_records
     from weknora_nb.core.run import CHECKPOINT
 
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
@@ -820,8 +820,8 @@ def _cmd_testset_sample(args: argparse.Namespace) -> int:
     unusable input (exit 2, one line); sessions or listing pages that could not be read make exit 1 (the
     files are written all the same, their summary counts what is missing); Ctrl-C writes nothing (130)."""
     from weknora_nb.analysis.sampling import sample_candidates, write_candidates
-    from weknora_nb.collect.client import ClientSettings
     from weknora_nb.collect.history import fetch_history
+    from weknora_nb.collect.http.client import ClientSettings
     from weknora_nb.core.errors import AuthFailed, NotFound
 
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
@@ -894,7 +894,7 @@ def _positive(text: str) -> float:
 def _cmd_judge(args: argparse.Namespace) -> int:
     """Judge a run's answers (or two runs' answers, ``--pairwise``). Exit 1 when a judgement failed or
     ``--max-cost`` stopped the run; Ctrl-C keeps what was judged (exit 130, the same command goes on)."""
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)  # no URL's secret in any log line
     try:
@@ -902,7 +902,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         import shlex
 
-        from weknora_nb.collect.redact import redact_command
+        from weknora_nb.collect.http.redact import redact_command
 
         command = shlex.join(["weknora-nb", *redact_command(list(getattr(args, "argv", None) or sys.argv[1:]))])
         raise Interrupted(f"interrupted: the judgements finished are kept in {args.run}; to go on, run: "
@@ -913,8 +913,10 @@ def _judge_from_args(args: argparse.Namespace) -> int:
     import os
 
     from weknora_nb.analysis.answers import format_judge_summary, judge_summary, pairwise_summary, read_ratings
-    from weknora_nb.collect.judge import JudgeOptions, judge_pairwise, judge_run
-    from weknora_nb.collect.llm import LLMSettings
+    from weknora_nb.collect.judge.llm import LLMSettings
+    from weknora_nb.collect.judge.options import JudgeOptions
+    from weknora_nb.collect.judge.pairwise import judge_pairwise
+    from weknora_nb.collect.judge.pointwise import judge_run
 
     _check_run_folder("--run", args.run)
     if args.pairwise != bool(args.baseline):
