@@ -10,10 +10,10 @@ in the checkpoint, ``RunSummary.request_seconds``); "end to end" also counts the
 set-up and the final Parquet and manifest writes.
 As a reference measured in the same run, a bare httpx loop sends the same requests
 (knowledge-search, the ``final`` stage) at the same concurrency, on the collector's HTTP stack
-(httpx over aiohttp, :mod:`weknora_nb.collect.transport`) and on httpx's own transport (httpcore
+(httpx over aiohttp, :mod:`weknora_nb.collect.http.transport`) and on httpx's own transport (httpcore
 on anyio): their fractions of ideal are the ceilings of each stack on this machine, and the last
 column is the collector's throughput relative to the first. Every loop runs as ``weknora-nb collect`` runs
-its collection: on :func:`weknora_nb.collect.retry.run_on_new_loop` (uvloop where it is installed).
+its collection: on :func:`weknora_nb.collect.http.retry.run_on_new_loop` (uvloop where it is installed).
 
     python benchmarks/bench_collect.py [--latency-ms 50] [--stage final] [--levels 1,8,32]
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 import httpx
 
 from weknora_nb.collect import collect_async
-from weknora_nb.collect.client import ClientSettings
-from weknora_nb.collect.retry import run_on_new_loop
-from weknora_nb.collect.transport import async_client
+from weknora_nb.collect.http.client import ClientSettings
+from weknora_nb.collect.http.retry import run_on_new_loop
+from weknora_nb.collect.http.transport import async_client
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.sandbox import demo_dir
 

@@ -1,4 +1,4 @@
-"""The Postgres/pgvector check (weknora_nb.collect.pgcheck) on a generated knowledge base of a million vectors.
+"""The Postgres/pgvector check (weknora_nb.collect.checks.database) on a generated knowledge base of a million vectors.
 
 Builds, in the sandbox's Postgres (weknora_nb.sandbox.pgcluster), a database in WeKnora's table shapes holding one
 knowledge base of ``--rows`` embeddings rows of dimension ``--dim`` (clustered random vectors, written with a
@@ -37,7 +37,7 @@ COLUMNS = "source_id, source_type, chunk_id, knowledge_id, knowledge_base_id, co
 
 CHILD = """
 import json, sys, time
-from weknora_nb.collect.pgcheck import check_database
+from weknora_nb.collect.checks.database import check_database
 import psycopg  # loaded before the baseline, as the check loads it
 # /proc's VmHWM, not getrusage's ru_maxrss: Linux carries the parent's peak over an exec into ru_maxrss
 kb = lambda key: int(next(l for l in open("/proc/self/status") if l.startswith(key + ":")).split()[1])

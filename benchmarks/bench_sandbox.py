@@ -26,7 +26,7 @@ from pathlib import Path
 
 from weknora_nb import score
 from weknora_nb.collect import collect_async
-from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.http.client import ClientSettings
 from weknora_nb.core.results import read_results
 from weknora_nb.core.testset import load_testset
 from weknora_nb.sandbox import SandboxServer, demo_dir

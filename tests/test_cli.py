@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from weknora_nb import cli, write_results
-from weknora_nb.collect.system import load_system_description
+from weknora_nb.collect.run.system import load_system_description
 from weknora_nb.core.errors import (
     AuthFailed,
     ConfigError,

@@ -27,10 +27,10 @@ from starlette.routing import Route
 
 from weknora_nb import cli
 from weknora_nb.collect import collect
-from weknora_nb.collect.client import ClientSettings, WeKnoraClient
-from weknora_nb.collect.inventory import content_escaping
-from weknora_nb.collect.preflight import server_release
-from weknora_nb.collect.stages import Stage, load_stage_file
+from weknora_nb.collect.http.client import ClientSettings, WeKnoraClient
+from weknora_nb.collect.run.inventory import content_escaping
+from weknora_nb.collect.run.preflight import server_release
+from weknora_nb.collect.run.stages import Stage, load_stage_file
 from weknora_nb.core.errors import (
     AuthFailed,
     ConfigError,
@@ -386,7 +386,7 @@ def test_auth_refusals_say_what_to_do(status, body, tenant, message, fact):
     ("/api/v1/messages/search", "message_history"), ("/api/v1/messages/s1/load", "chat"),
 ])
 def test_each_endpoint_names_the_capability_it_needs(path, capability):
-    from weknora_nb.collect.envelope import capability_for
+    from weknora_nb.collect.http.envelope import capability_for
 
     assert capability_for(path) == capability
 

@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 
 from weknora_nb import cli, read_results, score
-from weknora_nb.collect import checkpoint, collect, read_checkpoint
-from weknora_nb.collect.client import AuthFailed, ClientSettings, WeKnoraClient
-from weknora_nb.collect.stages import (
+from weknora_nb.collect import collect, read_checkpoint
+from weknora_nb.collect.http.client import AuthFailed, ClientSettings, WeKnoraClient
+from weknora_nb.collect.run import checkpoint
+from weknora_nb.collect.run.stages import (
     DEFAULT_SELECTION,
     DEFAULT_STAGES,
     ENDPOINTS,
@@ -115,7 +116,7 @@ def test_full_run_has_every_request_once(tmp_path, sandbox, testset):
 
 
 def test_many_in_flight_spread_over_several_pools(tmp_path, sandbox, testset, monkeypatch):
-    import weknora_nb.collect.collector as collect_mod
+    import weknora_nb.collect.run.requests as collect_mod
     opened = []
     real = collect_mod.WeKnoraClient
 
@@ -484,9 +485,9 @@ def test_an_unusable_stage_file_is_a_config_error(tmp_path, text, line, field, m
 
 
 def test_read_checkpoint_is_one_function_everywhere():
-    import weknora_nb.collect.collector as collector
+    import weknora_nb.collect.run.folder as folder
 
-    assert read_checkpoint is collector.read_checkpoint is checkpoint.read_checkpoint
+    assert read_checkpoint is folder.read_checkpoint is checkpoint.read_checkpoint
 
 
 def test_the_checkpoint_writer_appends_every_record(tmp_path):

@@ -28,9 +28,9 @@ import pytest
 
 from weknora_nb import cli
 from weknora_nb.collect import collect, read_checkpoint
-from weknora_nb.collect.client import ClientSettings
-from weknora_nb.collect.lock import LOCK_FILE, RunLock, read_holder
-from weknora_nb.collect.redact import RedactingFilter, redact_command, redact_text, redact_url
+from weknora_nb.collect.http.client import ClientSettings
+from weknora_nb.collect.http.redact import RedactingFilter, redact_command, redact_text, redact_url
+from weknora_nb.collect.run.lock import LOCK_FILE, RunLock, read_holder
 from weknora_nb.core.errors import RunExistsError, RunLockedError
 from weknora_nb.sandbox import SandboxServer
 
@@ -166,7 +166,7 @@ def test_a_stale_lock_file_is_taken_over_with_a_log_line(tmp_path, caplog):
     run.mkdir()
     (run / LOCK_FILE).write_text(json.dumps({"pid": 999999, "host": "gone", "started_at": "2026-01-01T00:00:00"}))
     lock = RunLock(run)
-    with caplog.at_level(logging.WARNING, logger="weknora_nb.collect.lock"):
+    with caplog.at_level(logging.WARNING, logger="weknora_nb.collect.run.lock"):
         lock.acquire()
     assert [r.getMessage() for r in caplog.records if "taking over the lock left by pid 999999 on host gone"
             in r.getMessage()]

@@ -17,7 +17,7 @@ from weknora_nb.analysis.gate import gate, parse_bounds
 from weknora_nb.analysis.stratify import classify, load_rules, stratify
 from weknora_nb.cli import main
 from weknora_nb.collect import collect
-from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.http.client import ClientSettings
 from weknora_nb.core.errors import ConfigError, NotComparableError
 from weknora_nb.core.metrics import DEFAULT_METRICS
 from weknora_nb.core.run import load_run

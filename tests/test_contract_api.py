@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from weknora_nb.collect.transport import default_tls
+from weknora_nb.collect.http.transport import default_tls
 from weknora_nb.core.weknora import ERROR_CODES
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from weknora_nb.collect.transport import default_tls
+from weknora_nb.collect.http.transport import default_tls
 from weknora_nb.core.weknora import effective_retrieval_config
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.chunking import Chunk, corpus_chunks, index_text

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weknora_nb.cli.options import faults as faults_option
-from weknora_nb.collect.checkpoint import _record_problem, read_checkpoint
-from weknora_nb.collect.collector import compile_results
-from weknora_nb.collect.stages import ENDPOINTS, Stage, load_stage_file, resolve_stages
-from weknora_nb.collect.system import load_system_description
+from weknora_nb.collect.run.checkpoint import _record_problem, read_checkpoint
+from weknora_nb.collect.run.results import compile_results
+from weknora_nb.collect.run.stages import ENDPOINTS, Stage, load_stage_file, resolve_stages
+from weknora_nb.collect.run.system import load_system_description
 from weknora_nb.core.errors import ConfigError, RunFolderError
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector
 

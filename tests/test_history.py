@@ -21,9 +21,9 @@ import pytest
 
 from weknora_nb import cli
 from weknora_nb.analysis.privacy import id_card_ok, luhn_ok
-from weknora_nb.collect.client import ClientSettings
 from weknora_nb.collect.history import fetch_history, parse_time
-from weknora_nb.collect.transport import default_tls
+from weknora_nb.collect.http.client import ClientSettings
+from weknora_nb.collect.http.transport import default_tls
 from weknora_nb.core.weknora import ERROR_CODES
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.auth import FIRST_USER_ID

@@ -13,7 +13,7 @@ import pytest
 
 from weknora_nb import cli
 from weknora_nb.collect import collect
-from weknora_nb.collect.client import ClientSettings
+from weknora_nb.collect.http.client import ClientSettings
 from weknora_nb.core.integrity import (
     API_CHECKS,
     INFO,
@@ -257,7 +257,7 @@ def test_a_collection_stores_its_integrity_findings_in_the_manifest(collected):
 
 def test_the_start_listing_reuses_the_listing_code_and_costs_one_listing(sandbox, tmp_path, monkeypatch):
     """With the checks the chunks are listed twice (start, end); with --no-check once, and no integrity but why."""
-    import weknora_nb.collect.client as client_mod
+    import weknora_nb.collect.http.client as client_mod
     calls: list[str] = []
     real = client_mod.WeKnoraClient.list_chunks
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from weknora_nb.collect.envelope import json_value
+from weknora_nb.collect.http.envelope import json_value
 
 #: texts where the two parsers differ in what they accept, or where a slip would change a value
 EDGES = [

@@ -33,15 +33,18 @@ from weknora_nb.analysis.answers import (
     stability,
 )
 from weknora_nb.cli import main
-from weknora_nb.collect.judge import JudgeOptions, judge_pairwise, judge_run, read_judgements
-from weknora_nb.collect.judge_prompts import (
+from weknora_nb.collect.judge.llm import LLMSettings, estimate_message_tokens, estimate_tokens
+from weknora_nb.collect.judge.options import JudgeOptions
+from weknora_nb.collect.judge.pairwise import judge_pairwise
+from weknora_nb.collect.judge.pointwise import judge_run
+from weknora_nb.collect.judge.prompts import (
     InvalidReply,
     load_prompt,
     parse_scores,
     parse_verdict,
     pointwise_schema,
 )
-from weknora_nb.collect.llm import LLMSettings, estimate_message_tokens, estimate_tokens
+from weknora_nb.collect.judge.store import read_judgements
 from weknora_nb.core.errors import InputError, RunExistsError, UsageError
 from weknora_nb.core.testset import TestSet
 from weknora_nb.sandbox import SandboxServer

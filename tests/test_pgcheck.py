@@ -1,4 +1,4 @@
-"""The read-only Postgres/pgvector checks (weknora_nb.collect.pgcheck) against a real Postgres 18 + pgvector:
+"""The read-only Postgres/pgvector checks (weknora_nb.collect.checks.database) against a real Postgres 18 + pgvector:
 crafted databases in WeKnora's table shapes, one with every fault and one clean, checked as a read-only role."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from weknora_nb.collect.pgcheck import check_database, vector_query_sql, weknora_top_k, weknora_vector_limits
-from weknora_nb.collect.redact import redact_dsn, redact_text
+from weknora_nb.collect.checks.database import check_database
+from weknora_nb.collect.checks.vector_search import vector_query_sql, weknora_top_k, weknora_vector_limits
+from weknora_nb.collect.http.redact import redact_dsn, redact_text
 from weknora_nb.core.errors import AuthFailed, UsageError
 
 pytest.importorskip("psycopg")
@@ -346,7 +347,7 @@ def test_the_check_never_writes_and_cannot(faulty_dsn):
     """The session is read-only: a write through it fails (so does the role, which may only SELECT)."""
     import psycopg
 
-    from weknora_nb.collect.pgcheck import connect_readonly
+    from weknora_nb.collect.checks.postgres import connect_readonly
 
     s = connect_readonly(faulty_dsn)
     try:

@@ -18,9 +18,11 @@ import papermill as pm
 import pytest
 
 from weknora_nb.collect import collect
-from weknora_nb.collect.client import ClientSettings
-from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
-from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
+from weknora_nb.collect.http.client import ClientSettings
+from weknora_nb.collect.judge.llm import JUDGE_API_KEY_ENV, LLMSettings
+from weknora_nb.collect.judge.manifest import RULE_JUDGE_MODEL
+from weknora_nb.collect.judge.options import JudgeOptions
+from weknora_nb.collect.judge.pointwise import judge_run
 from weknora_nb.core.errors import ReportError
 from weknora_nb.core.run import load_run
 from weknora_nb.core.testset import TestSet, load_testset

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from weknora_nb.collect.transport import default_tls
+from weknora_nb.collect.http.transport import default_tls
 from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
 from weknora_nb.sandbox import FaultConfig, SandboxServer, load_versions
 from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder

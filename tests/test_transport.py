@@ -1,5 +1,5 @@
-"""The collection layer's HTTP transport (weknora_nb/collect/transport.py): aiohttp under httpx's API; and the
-event loop it runs on (uvloop, weknora_nb/collect/retry.run_on_new_loop).
+"""The collection layer's HTTP transport (weknora_nb/collect/http/transport.py): aiohttp under httpx's API; and the
+event loop it runs on (uvloop, weknora_nb/collect/http/retry.run_on_new_loop).
 
 Each failure a server can cause is caused for real on loopback, once through httpx's own transport and once
 through ours: both must raise the same httpx exception, so that a request's failure kind (timeout, connect,
@@ -23,9 +23,9 @@ import httpx
 import pytest
 import trustme
 
-from weknora_nb.collect.client import ClientSettings, WeKnoraClient
-from weknora_nb.collect.retry import run_to_end
-from weknora_nb.collect.transport import Transport, async_client, default_tls
+from weknora_nb.collect.http.client import ClientSettings, WeKnoraClient
+from weknora_nb.collect.http.retry import run_to_end
+from weknora_nb.collect.http.transport import Transport, async_client, default_tls
 from weknora_nb.core.errors import ConnectFailed, ProtocolFailed, RequestTimeout
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"a\": \"b\"}\n"

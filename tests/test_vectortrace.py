@@ -1,4 +1,4 @@
-"""The vector-store trace (weknora_nb.collect.vectortrace) against a real Postgres + pgvector: an HNSW index with
+"""The vector-store trace (weknora_nb.collect.checks.vectortrace) against a real Postgres + pgvector: an HNSW index with
 a tiny m / ef_construction misses chunks exact search finds (index_miss), a far chunk is an embedding_miss, and
 with the index disabled the recall against exact search is 1.0. Queries are embedded by a real loopback HTTP
 server returning fixed vectors."""
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings, embed_texts, trace_queries
+from weknora_nb.collect.checks.embeddings import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings, embed_texts
+from weknora_nb.collect.checks.vectortrace import trace_queries
 from weknora_nb.core.errors import AuthFailed, ProtocolFailed
 from weknora_nb.core.testset import TestSet
 
@@ -223,8 +224,9 @@ def test_without_pipeline_mode_the_trace_is_the_same(dsn, server, testset, trace
 def test_in_pipeline_mode_each_search_has_its_settings_in_a_transaction_of_its_own(dsn):
     # BEGIN and COMMIT go into the pipeline as statements (no wait for the server per search): each search's
     # SET LOCAL values hold for it alone, and once the pipeline is synced the session is as it was
-    from weknora_nb.collect.pgcheck import connect_readonly, weknora_search_settings
-    from weknora_nb.collect.vectortrace import _pipeline
+    from weknora_nb.collect.checks.postgres import connect_readonly
+    from weknora_nb.collect.checks.vector_search import weknora_search_settings
+    from weknora_nb.collect.checks.vectortrace import _pipeline
 
     s = connect_readonly(dsn)
     try:
@@ -252,8 +254,9 @@ def test_in_pipeline_mode_each_search_has_its_settings_in_a_transaction_of_its_o
 def test_a_search_failing_in_the_pipeline_raises_its_error_and_leaves_the_session_usable(dsn):
     import psycopg
 
-    from weknora_nb.collect.pgcheck import connect_readonly, weknora_search_settings
-    from weknora_nb.collect.vectortrace import _pipeline
+    from weknora_nb.collect.checks.postgres import connect_readonly
+    from weknora_nb.collect.checks.vector_search import weknora_search_settings
+    from weknora_nb.collect.checks.vectortrace import _pipeline
 
     s = connect_readonly(dsn)
     try:
@@ -310,7 +313,7 @@ def test_embedding_failures_are_request_failures_without_the_key(server, monkeyp
     ({"timeout_s": 0}, "timeout_s"), ({"max_attempts": 0}, "max_attempts"), ({"batch_size": True}, "batch_size"),
 ])
 def test_embedding_and_judge_settings_are_checked_alike_naming_their_own_options(kwargs, argument):
-    from weknora_nb.collect.llm import LLMSettings
+    from weknora_nb.collect.judge.llm import LLMSettings
     from weknora_nb.core.errors import UsageError
 
     with pytest.raises(UsageError) as err:
@@ -325,8 +328,8 @@ def test_embedding_and_judge_settings_are_checked_alike_naming_their_own_options
 
 
 def test_settings_show_their_url_redacted_and_keep_their_defaults():
-    from weknora_nb.collect.client import ClientSettings
-    from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
+    from weknora_nb.collect.http.client import ClientSettings
+    from weknora_nb.collect.judge.llm import JUDGE_API_KEY_ENV, LLMSettings
 
     url = "http://user:secret@127.0.0.1:9/v1?api_key=secret"
     for settings in (EmbeddingSettings(url, "m"), LLMSettings(url, "m"), ClientSettings(url)):

@@ -32,12 +32,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.collect.client import API_KEY_ENV, ClientSettings
-from weknora_nb.collect.collector import RunSummary, collect
-from weknora_nb.collect.integrity import run_checks
-from weknora_nb.collect.judge import RULE_JUDGE_MODEL, JudgeOptions, judge_run
-from weknora_nb.collect.llm import JUDGE_API_KEY_ENV, LLMSettings
-from weknora_nb.collect.vectortrace import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
+from weknora_nb.collect.checks.embeddings import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings
+from weknora_nb.collect.checks.integrity import run_checks
+from weknora_nb.collect.http.client import API_KEY_ENV, ClientSettings
+from weknora_nb.collect.judge.llm import JUDGE_API_KEY_ENV, LLMSettings
+from weknora_nb.collect.judge.manifest import RULE_JUDGE_MODEL
+from weknora_nb.collect.judge.options import JudgeOptions
+from weknora_nb.collect.judge.pointwise import judge_run
+from weknora_nb.collect.run.collector import collect
+from weknora_nb.collect.run.results import RunSummary
 from weknora_nb.core.errors import RunExistsError, UsageError
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.segmenter import jieba_ready

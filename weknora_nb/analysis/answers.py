@@ -1,7 +1,7 @@
 r"""Judged answers summarised: means with intervals, the judge's stability, pairwise wins, calibration.
 
 Works on the records of a judgement log (``judgements.jsonl``, ``pairwise/<baseline>.jsonl``:
-plain dicts, as :func:`weknora_nb.collect.judge.read_judgements` returns them); only records
+plain dicts, as :func:`weknora_nb.collect.judge.store.read_judgements` returns them); only records
 with ``status`` ``judged`` carry scores, failed ones are counted, never scored.
 
 - **Means** (:func:`criterion_summary`): an answer's score is the mean of its judge repeats; a
@@ -13,7 +13,7 @@ with ``status`` ``judged`` carry scores, failed ones are counted, never scored.
   repeats agree within 1 point (max - min <= 1), the share that agree exactly, and the mean
   within-answer standard deviation (sample SD, ddof 1).
 - **Pairwise** (:func:`pairwise_summary`): wins, ties and losses of the run against the baseline
-  (the rule is :func:`weknora_nb.collect.judge.judge_pairwise`'s), net = (wins - losses) / n, and
+  (the rule is :func:`weknora_nb.collect.judge.pairwise.judge_pairwise`'s), net = (wins - losses) / n, and
   its 95 % interval by a bootstrap over queries of the ratio (the sums of each resample divided).
 - **Calibration** (:func:`calibration`): the judge against human ratings (:func:`read_ratings`,
   a JSON-lines file ``{"query_id", "stage"?, "repeat"?, "correctness"?, "faithfulness"?,

@@ -52,7 +52,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Collect; a knowledge base the server does not have, or a key, tenant or capability it refuses, is
     unusable input (exit 2, one line saying what to do) rather than a run of failed requests. Ctrl-C
     stops it cleanly: :class:`Interrupted` (exit 130) says what was kept and the command that resumes."""
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)  # no URL's secret in any log line
     try:
@@ -62,9 +62,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _collect_from_args(args: argparse.Namespace) -> int:
-    from weknora_nb.collect.client import ClientSettings
-    from weknora_nb.collect.collector import collect
-    from weknora_nb.collect.system import load_system_description
+    from weknora_nb.collect.http.client import ClientSettings
+    from weknora_nb.collect.run.collector import collect
+    from weknora_nb.collect.run.system import load_system_description
     from weknora_nb.core.errors import AuthFailed, NotFound
 
     system = load_system_description(args.system) if args.system else None
@@ -87,7 +87,7 @@ def _collect_stages(args: argparse.Namespace) -> list[Any] | None:
     """The Stage objects named by ``--stages`` (the built-in ones, then those of ``--stages-file``);
     None without ``--stages``: the collector's defaults, fitted to the knowledge bases (a stage file is
     still checked)."""
-    from weknora_nb.collect.stages import load_stage_file, resolve_stages
+    from weknora_nb.collect.run.stages import load_stage_file, resolve_stages
 
     extra = load_stage_file(args.stages_file) if args.stages_file else None
     return resolve_stages(args.stages, extra) if args.stages is not None else None
@@ -99,8 +99,8 @@ def _interrupted_message(args: argparse.Namespace) -> str:
     import shlex
     from pathlib import Path
 
-    from weknora_nb.collect.checkpoint import count_records
-    from weknora_nb.collect.redact import redact_command
+    from weknora_nb.collect.http.redact import redact_command
+    from weknora_nb.collect.run.checkpoint import count_records
     from weknora_nb.core.run import CHECKPOINT
 
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
@@ -143,9 +143,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     ``$WEKNORA_NB_PG_DSN`` and is never shown (its password is masked in everything printed)."""
     import os
 
-    from weknora_nb.collect.client import ClientSettings
-    from weknora_nb.collect.integrity import DSN_ENV, run_checks
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.checks.integrity import DSN_ENV, run_checks
+    from weknora_nb.collect.http.client import ClientSettings
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
@@ -156,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not (args.embeddings_url and args.embeddings_model and dsn and args.testset):
             raise UsageError("the vector-store trace needs --embeddings-url, --embeddings-model, --dsn (or "
                              f"${DSN_ENV}) and --testset together")
-        from weknora_nb.collect.vectortrace import EmbeddingSettings
+        from weknora_nb.collect.checks.embeddings import EmbeddingSettings
 
         embeddings = EmbeddingSettings(args.embeddings_url, args.embeddings_model)
     result = run_checks(settings, args.kb_id, testset=args.testset, dsn=dsn, embeddings=embeddings)

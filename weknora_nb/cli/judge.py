@@ -69,7 +69,7 @@ def add_judge(sub: Subparsers) -> None:
 def cmd_judge(args: argparse.Namespace) -> int:
     """Judge a run's answers (or two runs' answers, ``--pairwise``). Exit 1 when a judgement failed or
     ``--max-cost`` stopped the run; Ctrl-C keeps what was judged (exit 130, the same command goes on)."""
-    from weknora_nb.collect.redact import install_log_redaction
+    from weknora_nb.collect.http.redact import install_log_redaction
 
     install_log_redaction(handlers=logging.getLogger().handlers)  # no URL's secret in any log line
     try:
@@ -77,7 +77,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         import shlex
 
-        from weknora_nb.collect.redact import redact_command
+        from weknora_nb.collect.http.redact import redact_command
 
         command = shlex.join(["weknora-nb", *redact_command(list(getattr(args, "argv", None) or sys.argv[1:]))])
         raise Interrupted(f"interrupted: the judgements finished are kept in {args.run}; to go on, run: "
@@ -88,8 +88,10 @@ def _judge_from_args(args: argparse.Namespace) -> int:
     import os
 
     from weknora_nb.analysis.answers import format_judge_summary, judge_summary, pairwise_summary, read_ratings
-    from weknora_nb.collect.judge import JudgeOptions, judge_pairwise, judge_run
-    from weknora_nb.collect.llm import LLMSettings
+    from weknora_nb.collect.judge.llm import LLMSettings
+    from weknora_nb.collect.judge.options import JudgeOptions
+    from weknora_nb.collect.judge.pairwise import judge_pairwise
+    from weknora_nb.collect.judge.pointwise import judge_run
 
     check_run_folder("--run", args.run)
     if args.pairwise != bool(args.baseline):

@@ -178,7 +178,7 @@ def base_url(text: str) -> str:
     except ValueError:  # a port that is not a number or out of range, a bracket that is not closed
         ok = False
     if not ok:
-        from weknora_nb.collect.redact import redact_url  # only now: it loads the collect package
+        from weknora_nb.collect.http.redact import redact_url  # only now: it loads the collect package
 
         raise argparse.ArgumentTypeError("must be an http:// or https:// URL with a host, e.g. "
                                          f"http://127.0.0.1:8080. Got {redact_url(text)!r} instead.")

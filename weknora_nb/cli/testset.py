@@ -45,8 +45,8 @@ def cmd_testset_sample(args: argparse.Namespace) -> int:
     unusable input (exit 2, one line); sessions or listing pages that could not be read make exit 1 (the
     files are written all the same, their summary counts what is missing); Ctrl-C writes nothing (130)."""
     from weknora_nb.analysis.sampling import sample_candidates, write_candidates
-    from weknora_nb.collect.client import ClientSettings
     from weknora_nb.collect.history import fetch_history
+    from weknora_nb.collect.http.client import ClientSettings
     from weknora_nb.core.errors import AuthFailed, NotFound
 
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,

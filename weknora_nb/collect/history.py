@@ -41,11 +41,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from weknora_nb.collect.client import ClientSettings, WeKnoraClient
+from weknora_nb.collect.http.client import ClientSettings, WeKnoraClient
 from weknora_nb.core.errors import AuthFailed, ProtocolFailed, RequestFailed, UsageError
-
-__all__ = ["UserQuery", "HistoryCrawl", "crawl_history", "fetch_history", "parse_since", "parse_time",
-           "SINCE_MARGIN", "PAGE_SIZE", "LOAD_LIMIT"]
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Inputs:
 
-- the chunk inventory (``chunks.parquet``, the columns of ``collect.inventory.INVENTORY_COLUMNS``:
+- the chunk inventory (``chunks.parquet``, the columns of ``collect.run.inventory.INVENTORY_COLUMNS``:
   ``chunk_id``, ``knowledge_base_id``, ``knowledge_id``, ``knowledge_title``, ``chunk_index``,
   ``chunk_type``, ``is_enabled``, ``parse_status``, ``content``);
 - the knowledge list (``knowledge.parquet``, :data:`KNOWLEDGE_COLUMNS`): every knowledge, those

@@ -94,7 +94,7 @@ def open_collection(run_dir: str | Path, *, collect: bool = False, base_url: str
         import yaml
 
         from weknora_nb.collect import collect as run_collection
-        from weknora_nb.collect.client import ClientSettings
+        from weknora_nb.collect.http.client import ClientSettings
 
         system = yaml.safe_load(Path(system_yaml).read_text(encoding="utf-8")) if system_yaml else None
         summary = run_collection(ClientSettings(base_url), kb_ids, testset_path, run_dir, stages=stages,

@@ -225,7 +225,7 @@ def diagnose(scores: Scores, testset: TestSet, results: pd.DataFrame, *, invento
     (:attr:`Run.stage_definitions`), from which a custom stage's pipeline role, upstream stages,
     settings source and causes follow (without it, only the built-in stage names have a role);
     ``vector_trace``: the chunk rows of a vector-store trace (``vector_trace.parquet``,
-    :mod:`weknora_nb.collect.vectortrace`), which split a vector miss into an index miss and an
+    :mod:`weknora_nb.collect.checks.vectortrace`), which split a vector miss into an index miss and an
     embedding miss.
     """
     bad = degraded_queries(scores, k=k, recall_below=recall_below, ndcg_below=ndcg_below, stages=stages)

@@ -28,14 +28,11 @@ from typing import Any
 
 import pandas as pd
 
-from weknora_nb.collect.client import Listing, WeKnoraClient
-from weknora_nb.collect.preflight import server_release
+from weknora_nb.collect.http.client import Listing, WeKnoraClient
+from weknora_nb.collect.run.preflight import server_release
 from weknora_nb.core.errors import RequestFailed, writing
 from weknora_nb.core.integrity_api import KNOWLEDGE_COLUMNS
 from weknora_nb.core.results import write_results
-
-__all__ = ["take_inventory", "list_inventory", "write_inventory", "Inventory", "content_escaping",
-           "INVENTORY_COLUMNS", "KNOWLEDGE_FILE"]
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ searchable chunk type (C52); chat sessions titled and created by ``POST /api/v1/
 
 Failures raise the :class:`~weknora_nb.core.errors.RequestFailed` kinds (``kind`` is the
 status the results table records: connect, timeout, auth, not_found, bad_request,
-rate_limited, server, protocol); :mod:`weknora_nb.collect.envelope` reads WeKnora's error
+rate_limited, server, protocol); :mod:`weknora_nb.collect.http.envelope` reads WeKnora's error
 shapes into them, with the envelope's code and message.
 
 Retries (exponential backoff with full jitter, ``Retry-After`` honoured) on connection
@@ -32,9 +32,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
-from weknora_nb.collect.envelope import json_value, route_missing, unwrap
-from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url, settings_repr
-from weknora_nb.collect.retry import with_retries
+from weknora_nb.collect.http.envelope import json_value, route_missing, unwrap
+from weknora_nb.collect.http.redact import install_log_redaction, redact_text, settings_repr
+from weknora_nb.collect.http.retry import with_retries
 from weknora_nb.core.errors import (
     AuthFailed,
     ConnectFailed,
@@ -45,9 +45,6 @@ from weknora_nb.core.errors import (
     UsageError,
 )
 from weknora_nb.core.weknora import SEARCHABLE_CHUNK_TYPES
-
-__all__ = ["ClientSettings", "WeKnoraClient", "ChatResult", "Listing", "redact_url", "server_address",
-           "split_base_url", "API_KEY_ENV", "MAX_PAGES"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +73,7 @@ def split_base_url(url: str) -> tuple[str, tuple[str, str] | None, str]:
 
     httpx would append every path to a base URL's query string (``/?token=x/api/v1/...``), and log the
     user info with every request; taken apart, both reach the server as meant and the log line shows
-    neither (the query string's secrets are redacted there, :func:`redact_url`).
+    neither (the query string's secrets are redacted there, :func:`~.redact.redact_url`).
     """
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
@@ -106,7 +103,7 @@ class ClientSettings:
     extra_headers: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        """The settings with the base URL's secrets masked (:func:`redact_url`)."""
+        """The settings with the base URL's secrets masked (:func:`~.redact.redact_url`)."""
         return settings_repr(self)
 
     def __post_init__(self) -> None:
@@ -188,7 +185,7 @@ class WeKnoraClient:
 
     def __init__(self, settings: ClientSettings, *, rng: random.Random | None = None):
         """TLS is verified as httpx does by default, with one context shared by the process's clients
-        (:func:`~weknora_nb.collect.transport.default_tls`)."""
+        (:func:`~weknora_nb.collect.http.transport.default_tls`)."""
         self.settings = settings
         self._rng = rng or random.Random()
         headers = {"X-API-Key": settings.api_key(), "Accept": "application/json", **settings.extra_headers}
@@ -200,7 +197,7 @@ class WeKnoraClient:
         self.sessions: list[str] = []
         install_log_redaction()  # httpx logs every request's URL (INFO): its secrets masked
         base_url, auth, query = split_base_url(settings.base_url)
-        from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
+        from weknora_nb.collect.http.transport import async_client  # aiohttp's import waits for a client
 
         self._http = async_client(
             base_url=base_url, headers=headers, auth=httpx.BasicAuth(*auth) if auth else None,
@@ -401,7 +398,7 @@ class WeKnoraClient:
         return ChatResult(refs or [], text, [html.unescape(c) for c in _CITATION.findall(text)])
 
     async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """``call()`` with the collection's retry policy (:func:`weknora_nb.collect.retry.with_retries`)."""
+        """``call()`` with the collection's retry policy (:func:`weknora_nb.collect.http.retry.with_retries`)."""
         return await with_retries(call, self.settings, self._rng)
 
 

@@ -3,9 +3,9 @@
 httpx stays the API: requests, responses, timeouts, limits and exceptions are httpx's. Under it,
 direct connections go through httpx-aiohttp's transport, that is aiohttp's connection pool and
 its C HTTP parser, in place of httpcore on anyio: collecting is CPU-bound on the client's side on
-small machines (``benchmarks/bench_collect.py`` measures it). Where the environment names a proxy
-(``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``) the client is httpx's own, with its transport, so
-that proxies, ``NO_PROXY`` and SOCKS work as httpx documents them.
+small machines. Where the environment names a proxy (``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY``)
+the client is httpx's own, with its transport, so that proxies, ``NO_PROXY`` and SOCKS work as httpx
+documents them.
 
 A failure raises the httpx exception httpx's own transport raises for the same event, as far as
 aiohttp can tell them apart, so that a request's failure kind does not depend on the transport
@@ -30,7 +30,7 @@ timeout; a reset mid-body reaches it as a body cut short); both stay in the same
 (a timeout; a broken transfer), which is what the collector records.
 
 Header names go out in lower case, as httpx's ``Headers`` hands them on (names are case-insensitive,
-RFC 9110 section 5.1). aiohttp takes about 0.17 s to import: the clients import this module when they are built.
+RFC 9110 section 5.1). aiohttp is slow to import: the clients import this module only when they are built.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ from typing import Any, NoReturn
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
-
-__all__ = ["async_client", "default_tls", "httpx_error", "Transport"]
 
 #: what a transport failure can surface as, before :func:`httpx_error` maps it
 _FAILURES = (aiohttp.ClientError, httpx.TransportError, TimeoutError)

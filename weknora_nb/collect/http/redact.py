@@ -22,10 +22,6 @@ from dataclasses import fields
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-__all__ = ["MASK", "SECRET_PARAMETER", "REDACTED_LOGGERS", "redact_url", "redact_text", "redact_command",
-           "settings_repr", "check_http_url",
-           "redact_dsn", "RedactingFilter", "install_log_redaction"]
-
 MASK = "***"
 #: a query parameter name that looks secret (matched case-insensitively, ``-`` read as ``_``)
 SECRET_PARAMETER = re.compile(

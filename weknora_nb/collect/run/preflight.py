@@ -22,15 +22,13 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from weknora_nb.collect.client import WeKnoraClient
-from weknora_nb.collect.envelope import route_missing
-from weknora_nb.collect.stages import FAQ_STAGE, Stage
+from weknora_nb.collect.http.client import WeKnoraClient
+from weknora_nb.collect.http.envelope import route_missing
+from weknora_nb.collect.run.stages import FAQ_STAGE, Stage
 from weknora_nb.core.errors import AuthFailed, NotFound, RequestFailed, UsageError
 from weknora_nb.core.pipeline import role_of
 from weknora_nb.core.run import flatten
 from weknora_nb.core.weknora import effective_retrieval_config
-
-__all__ = ["ServerFacts", "read_server", "system_description", "adapt_stages", "server_release", "KB_FIELDS"]
 
 log = logging.getLogger(__name__)
 

@@ -27,15 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.collect.redact import redact_command
+from weknora_nb.collect.http.redact import redact_command
 from weknora_nb.core.errors import RunLockedError, writing
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
-
-__all__ = ["LOCK_FILE", "RunLock", "read_holder"]
 
 log = logging.getLogger(__name__)
 

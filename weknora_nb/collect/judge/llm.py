@@ -16,7 +16,7 @@ URL ends where the API's paths start: ``http://127.0.0.1:8080/v1`` (the sandbox,
   connect (refused, reset, a connection cut mid-answer), timeout (and HTTP 408), auth (401, 403),
   not_found (404: a wrong path or an unknown model), bad_request (other 4xx), rate_limited (429),
   server (5xx), protocol (a 2xx body that is not a chat completion).
-- Retries follow the policy of :meth:`weknora_nb.collect.client.WeKnoraClient._with_retries`
+- Retries follow the policy of :meth:`weknora_nb.collect.http.client.WeKnoraClient._with_retries`
   (mirrored here): up to ``max_attempts`` on connect, timeout, 429 and 5xx, waiting the server's
   ``Retry-After`` (or ``retry-after-ms``; at most ``retry_after_max_s``) or else an exponential
   backoff with full jitter.
@@ -38,10 +38,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from weknora_nb.collect.client import server_address, split_base_url
-from weknora_nb.collect.redact import install_log_redaction, redact_text
-from weknora_nb.collect.retry import retry_after, with_retries
-from weknora_nb.collect.service import ServiceSettings
+from weknora_nb.collect.http.client import server_address, split_base_url
+from weknora_nb.collect.http.redact import install_log_redaction, redact_text
+from weknora_nb.collect.http.retry import retry_after, with_retries
+from weknora_nb.collect.http.service import ServiceSettings
 from weknora_nb.core.errors import (
     AuthFailed,
     BadRequest,
@@ -54,9 +54,6 @@ from weknora_nb.core.errors import (
     ServerFailed,
     UsageError,
 )
-
-__all__ = ["JUDGE_API_KEY_ENV", "LLMSettings", "Completion", "LLMClient", "estimate_tokens", "estimate_message_tokens",
-           "OPTIONAL_PARAMETERS"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +86,7 @@ def estimate_message_tokens(messages: Sequence[dict[str, str]]) -> int:
 
 @dataclass(repr=False)
 class LLMSettings(ServiceSettings):
-    """How to reach an OpenAI-compatible server (:class:`~weknora_nb.collect.service.ServiceSettings`): the key
+    """How to reach an OpenAI-compatible server (:class:`~weknora_nb.collect.http.service.ServiceSettings`): the key
     from ``$WEKNORA_NB_JUDGE_API_KEY`` by default; errors name ``--base-url``, ``--model``, ``--timeout`` and
     ``--max-attempts``."""
 
@@ -133,7 +130,7 @@ class LLMClient:
         self.dropped: set[str] = set()
         install_log_redaction()
         base_url, auth, query = split_base_url(settings.base_url)
-        from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
+        from weknora_nb.collect.http.transport import async_client  # aiohttp's import waits for a client
 
         self._http = async_client(
             base_url=base_url, auth=httpx.BasicAuth(*auth) if auth else None, params=httpx.QueryParams(query),
@@ -223,7 +220,7 @@ class LLMClient:
         return BadRequest(text, status=status, code=code)
 
     async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """``call()`` with the collector's retry policy (:func:`weknora_nb.collect.retry.with_retries`)."""
+        """``call()`` with the collector's retry policy (:func:`weknora_nb.collect.http.retry.with_retries`)."""
         return await with_retries(call, self.settings, self._rng, what="judge call")
 
 

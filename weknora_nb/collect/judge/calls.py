@@ -7,23 +7,30 @@
   raw text. A failed request is an :class:`Answered` of the :class:`RequestFailed` kind, except
   :class:`AuthFailed` and :class:`NotFound` (a refused key, an unknown model), which are raised:
   no other request would fare better. Every call's tokens go to its ledger entry.
-- :class:`Budget`: the cost limit (see ``weknora_nb.collect.judge``): a reservation per call in flight,
+- :class:`Budget`: the cost limit (:data:`TOKEN_RULE`, ``weknora_nb.collect.judge``): a reservation per call in flight,
   settled with what the call cost; past the limit :class:`BudgetExhausted`, and no call after.
-- :class:`Job`: the asks of one judgement, shared by the judgements of the same texts (:func:`group`).
+- :class:`Job`: the asks of one judgement, shared by the judgements of the same texts (:func:`group`);
+  :func:`cache_key` and :func:`seed_of` make an ask's key and seed, :func:`failure_body` a failed record's body.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weknora_nb.collect.judge_prompts import InvalidReply, correction
-from weknora_nb.collect.judge_store import JudgeCache, Key
-from weknora_nb.collect.llm import Completion, LLMClient, estimate_message_tokens, estimate_tokens
+from weknora_nb.collect.judge.llm import Completion, LLMClient, LLMSettings, estimate_message_tokens, estimate_tokens
+from weknora_nb.collect.judge.options import JudgeOptions
+from weknora_nb.collect.judge.prompts import InvalidReply, Prompt, correction
+from weknora_nb.collect.judge.store import JudgeCache, Key
 from weknora_nb.core.errors import AuthFailed, NotFound, RequestFailed
 
-__all__ = ["Ask", "Answered", "Budget", "BudgetExhausted", "Asker", "Job", "group"]
+#: how tokens are estimated and what the cost limit reserves (recorded in a judge manifest and a dry run's estimate)
+TOKEN_RULE = ("estimated tokens = 1 per CJK character + 1 per 4 other characters (rounded up), + 4 per message "
+              "+ 3 per reply; the cost limit reserves max(1.25, 1.1 x the largest reported/estimated ratio) x the "
+              "estimate plus max_tokens completion tokens per call")
 
 
 @dataclass
@@ -192,3 +199,30 @@ def group(jobs: list[Job]) -> list[Job]:
             merged[sig] = job
     return list(merged.values())
 
+
+def cache_key(settings: LLMSettings | None, options: JudgeOptions, prompt: Prompt, judge_repeat: int, seed: int,
+              messages: list[dict[str, str]]) -> str:
+    """An ask's cache key: the sha256 of everything that decides its reply (the model, temperature, max_tokens,
+    the judge repeat and its seed, the prompt's name and sha256, the messages as sent); not the server's address,
+    which may change (the sandbox's port) while the model stays."""
+    blob = {"model": settings.model if settings else None,
+            "temperature": options.temperature, "max_tokens": options.max_tokens, "judge_repeat": judge_repeat,
+            "seed": seed, "prompt": prompt.name, "prompt_sha256": prompt.sha256, "messages": messages}
+    return hashlib.sha256(json.dumps(blob, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def seed_of(options: JudgeOptions, judge_repeat: int) -> int:
+    """The first seed of judge repeat ``judge_repeat`` (its attempt a sends this + a - 1)."""
+    return options.seed + 1000 * (judge_repeat - 1)
+
+
+def failure_body(answers: list[Answered]) -> dict[str, Any] | None:
+    """The body of a failed judgement's record (the first failed answer's kind, error and raw reply); None when
+    every answer is ok."""
+    bad = next((a for a in answers if not a.ok), None)
+    if bad is None:
+        return None
+    body: dict[str, Any] = {"status": "failed", "kind": bad.kind, "error": bad.error}
+    if bad.raw is not None:
+        body["raw"] = bad.raw
+    return body

@@ -36,21 +36,24 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from weknora_nb.collect.redact import MASK, redact_dsn, redact_text
-from weknora_nb.core.errors import AuthFailed, ConnectFailed, UsageError
+from weknora_nb.collect.checks.postgres import PgSession, connect_readonly, data_errors, one_line
+from weknora_nb.collect.checks.vector_search import (
+    iterative_scan_supported,
+    pgvector_version,
+    plan_nodes,
+    vector_indexes,
+    vector_query_sql,
+    weknora_search_settings,
+    weknora_top_k,
+    weknora_vector_limits,
+)
+from weknora_nb.core.errors import ConnectFailed, UsageError
 from weknora_nb.core.integrity import INFO, PROBLEM, Finding
-
-__all__ = ["check_database", "connect_readonly", "weknora_top_k", "weknora_vector_limits", "vector_query_sql",
-           "weknora_search_settings", "CUSTOM_PLANS", "vector_indexes", "pgvector_version",
-           "iterative_scan_supported", "EMBEDDED_CHUNK_TYPES", "SMALL_KB_ROWS", "VECTOR_INDEX_METHODS", "PgSession",
-           "plan_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -61,128 +64,11 @@ EMBEDDED_CHUNK_TYPES = ("text", "summary", "image_ocr", "image_caption", "table_
 TRANSIENT_PARSE_STATUS = ("pending", "processing", "deleting")
 #: below this many rows, an exact scan is cheap: a missing or unused index is shown, not failed
 SMALL_KB_ROWS = 10_000
-VECTOR_INDEX_METHODS = ("hnsw", "ivfflat", "diskann")
-#: pgvector's defaults of what an index's WITH (...) leaves out
-INDEX_DEFAULTS: dict[str, dict[str, int]] = {"hnsw": {"m": 16, "ef_construction": 64}, "ivfflat": {"lists": 100}}
-#: WeKnora's vector query (postgres/repository.go:350-408 @ v0.7.2): TopK x 2 within [100, 200] rows asked
-#: of the index (at least TopK), ``hnsw.ef_search`` = that, at least 40; HybridSearch's TopK (C18)
-_EXPANDED_MIN, _EXPANDED_MAX, _EF_MIN = 100, 200, 40
-_CANDIDATES_FACTOR, _CANDIDATES_FLOOR, _CANDIDATES_CAP = 5, 50, 500
 _NEAR_EXACT_BUDGET = 2_000_000  # row distances the near-duplicate sample may compute without an index
 
 
-def weknora_top_k(match_count: int, n_kbs: int = 1) -> int:
-    """The TopK WeKnora's HybridSearch asks its vector path for: ``min(max(5 x match_count, 50) x KBs, 500)``."""
-    return min(max(_CANDIDATES_FACTOR * match_count, _CANDIDATES_FLOOR) * max(1, n_kbs), _CANDIDATES_CAP)
-
-
-def weknora_vector_limits(top_k: int) -> tuple[int, int]:
-    """(rows the inner ORDER BY ... LIMIT asks the index for, the ``hnsw.ef_search`` WeKnora sets) for ``top_k``."""
-    expanded = max(min(max(2 * top_k, _EXPANDED_MIN), _EXPANDED_MAX), top_k)
-    return expanded, max(expanded, _EF_MIN)
-
-
-def vector_query_sql(dimension: int, *, enabled_column: bool = True) -> str:
-    """WeKnora's vector query for ``dimension`` (postgres/repository.go:377-393 @ v0.7.2), restricted to
-    knowledge bases. Parameters: ``vector`` (the query vector's text), ``dimension``, ``kb_ids`` (a list),
-    ``inner_limit``, ``max_distance`` (``1 - threshold``; 2 keeps every row), ``top_k``. Columns: ``id``,
-    ``source_id``, ``chunk_id``, ``knowledge_base_id``, ``distance`` (cosine distance), best first."""
-    d = int(dimension)
-    enabled = " AND (is_enabled IS NULL OR is_enabled = true)" if enabled_column else ""
-    return (f"SELECT id, source_id, chunk_id, knowledge_base_id, distance FROM ("
-            f" SELECT id, source_id, chunk_id, knowledge_base_id,"
-            f" embedding::halfvec({d}) <=> %(vector)s::halfvec({d}) AS distance"
-            f" FROM embeddings WHERE dimension = %(dimension)s AND knowledge_base_id = ANY(%(kb_ids)s){enabled}"
-            f" ORDER BY embedding::halfvec({d}) <=> %(vector)s::halfvec({d}) LIMIT %(inner_limit)s"
-            f") AS candidates WHERE distance <= %(max_distance)s ORDER BY distance ASC LIMIT %(top_k)s")
-
-
-# ------------------------------------------------------------------------------------------ the session
 @dataclass
-class PgSession:
-    """A read-only connection and what it found out about the schema (columns per table, readable tables)."""
-
-    conn: Any
-    shown_dsn: str
-    secret: str | None = field(repr=False)
-    columns: dict[str, set[str]] = field(default_factory=dict)
-
-    def has(self, table: str, column: str | None = None) -> bool:
-        """Whether ``table`` (readable) has ``column`` (or just exists, readable, when no column is named)."""
-        cols = self.columns.get(table)
-        return cols is not None and (column is None or column in cols)
-
-    def rows(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        """The rows of one query (errors translated by the caller's :func:`_step`)."""
-        return list(self.conn.execute(sql, params).fetchall())
-
-    def masked(self, text: str) -> str:
-        """``text`` with the DSN's password (if it slipped in) and URL secrets masked."""
-        if self.secret:
-            text = text.replace(self.secret, MASK)
-        return redact_text(text)
-
-
-def connect_readonly(dsn: str, *, statement_timeout_s: float = 60.0, work_mem: str = "64MB",
-                     connect_timeout_s: float = 10.0, application_name: str = "weknora-nb check") -> PgSession:
-    """A read-only session on ``dsn``: every transaction read-only, each statement at most
-    ``statement_timeout_s`` seconds, sorts and hashes within ``work_mem``. Raises :class:`AuthFailed` (a refused
-    password or role), :class:`ConnectFailed` (no server), :class:`UsageError` (not a connection string)."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict
-
-    if not isinstance(dsn, str) or not dsn.strip():
-        raise UsageError(argument="--dsn", allowed="a libpq connection string or postgresql:// URI", got=dsn)
-    try:
-        secret = conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:  # its message may quote a piece of the password: not shown
-        raise UsageError("--dsn is not a libpq connection string (key=value pairs, or a postgresql:// URI): "
-                         f"{redact_dsn(dsn)}") from None
-    shown = redact_dsn(dsn)
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout_s)),
-                               application_name=application_name)
-    except psycopg.OperationalError as exc:
-        text = _one_line(str(exc), str(secret) if secret else None)
-        kind = AuthFailed if re.search(r"password|authentication|role .* does not exist|permission denied", text,
-                                       re.IGNORECASE) else ConnectFailed
-        raise kind(f"cannot connect to Postgres {shown}: {text}") from None
-    session = PgSession(conn, shown, str(secret) if secret else None)
-    try:
-        conn.execute("SET default_transaction_read_only = on")
-        conn.execute(f"SET statement_timeout = {int(statement_timeout_s * 1000)}")
-        conn.execute("SELECT set_config('work_mem', %s, false)", (work_mem,))
-        conn.execute("SET lock_timeout = '5s'")
-        session.columns = _readable_columns(session)
-    except psycopg.Error as exc:
-        conn.close()
-        raise UsageError(f"cannot set up a read-only session on {shown}: {session.masked(_one_line(str(exc), None))}"
-                         ) from None
-    return session
-
-
-def _one_line(text: str, secret: str | None) -> str:
-    text = " ".join(text.split())
-    if secret:
-        text = text.replace(secret, MASK)
-    return redact_text(text)[:400]
-
-
-def _readable_columns(s: PgSession) -> dict[str, set[str]]:
-    """Columns of WeKnora's tables the role may read (a table the role cannot SELECT is left out)."""
-    rows = s.rows("SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
-                  "WHERE c.oid IN (SELECT to_regclass(t) FROM unnest(%s::text[]) t) AND a.attnum > 0 "
-                  "AND NOT a.attisdropped AND has_table_privilege(c.oid, 'SELECT')",
-                  (["embeddings", "chunks", "knowledges", "knowledge_bases", "models"],))
-    out: dict[str, set[str]] = {}
-    for table, column in rows:
-        out.setdefault(table, set()).add(column)
-    return out
-
-
-# ------------------------------------------------------------------------------------------ the check
-@dataclass
-class _Run:
+class _Check:
     """One check_database call: the session, the knowledge bases, what was found, how long each step took."""
 
     s: PgSession
@@ -225,7 +111,7 @@ def check_database(dsn: str, kb_ids: Sequence[str] | None, *, near_threshold: fl
     started = time.perf_counter()
     s = connect_readonly(dsn, statement_timeout_s=statement_timeout_s, work_mem=work_mem)
     try:
-        run = _Run(s, _knowledge_bases(s, kb_ids), max_findings)
+        run = _Check(s, _knowledge_bases(s, kb_ids), max_findings)
         run.facts.update(read_only=True, statement_timeout_s=statement_timeout_s, work_mem=work_mem,
                          near_threshold=near_threshold, knowledge_base_ids=run.kb_ids)
         steps: list[tuple[str, Callable[[], None]]] = [
@@ -250,7 +136,7 @@ def check_database(dsn: str, kb_ids: Sequence[str] | None, *, near_threshold: fl
     return {"findings": [f.to_json() for f in run.findings], "facts": run.facts}
 
 
-def _step(run: _Run, name: str, step: Callable[[], None]) -> None:
+def _step(run: _Check, name: str, step: Callable[[], None]) -> None:
     """Run one step, timed; a query that hit the statement timeout or a table the role cannot read marks the
     step (``facts["steps"][name]["status"]``) and the check goes on. A lost connection raises."""
     import psycopg
@@ -260,13 +146,13 @@ def _step(run: _Run, name: str, step: Callable[[], None]) -> None:
     try:
         step()
     except psycopg.errors.QueryCanceled as exc:
-        status = {"status": "timeout", "error": run.s.masked(_one_line(str(exc), None))}
+        status = {"status": "timeout", "error": run.s.masked(one_line(str(exc), None))}
         log.warning("step %s of the Postgres check timed out: its findings may be incomplete", name)
     except psycopg.Error as exc:  # a table or column the role cannot read, a lock not granted, ...
         if run.s.conn.broken or run.s.conn.closed:
             raise ConnectFailed(f"Postgres {run.s.shown_dsn} went away during step {name}: "
-                                f"{run.s.masked(_one_line(str(exc), None))}") from None
-        status = {"status": "error", "error": run.s.masked(_one_line(str(exc), None))}
+                                f"{run.s.masked(one_line(str(exc), None))}") from None
+        status = {"status": "error", "error": run.s.masked(one_line(str(exc), None))}
         log.warning("step %s of the Postgres check failed: %s", name, status["error"])
     status["seconds"] = round(time.perf_counter() - t0, 3)
     run.facts.setdefault("steps", {})[name] = status
@@ -297,8 +183,7 @@ def _knowledge_bases(s: PgSession, kb_ids: Sequence[str] | None) -> list[str]:
     return wanted
 
 
-# ------------------------------------------------------------------------------------------ steps
-def _settings(run: _Run, match_count: int) -> None:
+def _settings(run: _Check, match_count: int) -> None:
     """Server and extension versions, the session's vector settings, and the ef_search WeKnora sets."""
     s = run.s
     exts = pgvector_version(s)
@@ -321,23 +206,6 @@ def _settings(run: _Run, match_count: int) -> None:
                 "SET fails and it runs with the session's default ef_search (postgres/repository.go:405-443)"}
 
 
-def pgvector_version(s: PgSession) -> dict[str, str]:
-    """``{"vector": "0.8.2", "vectorscale": ...}`` of the extensions installed; loads pgvector in the session, so
-    that its settings (``hnsw.ef_search`` ...) exist."""
-    s.conn.execute("SELECT '[1]'::halfvec")
-    return dict(s.rows("SELECT extname, extversion FROM pg_extension WHERE extname IN ('vector', 'vectorscale')"))
-
-
-def iterative_scan_supported(version: str | None) -> bool:
-    """pgvector >= 0.8 has ``hnsw.iterative_scan`` (WeKnora sets it to ``strict_order``)."""
-    return _version_at_least(version, (0, 8))
-
-
-def _version_at_least(version: str | None, least: tuple[int, ...]) -> bool:
-    nums = tuple(int(x) for x in re.findall(r"\d+", version or "")[: len(least)])
-    return bool(nums) and nums >= least
-
-
 def _int(x: Any) -> int | None:
     try:
         return int(x)
@@ -345,39 +213,12 @@ def _int(x: Any) -> int | None:
         return None
 
 
-def _indexes(run: _Run) -> None:
+def _indexes(run: _Check) -> None:
     """The vector index definitions, into the facts."""
     run.facts["indexes"] = vector_indexes(run.s)
 
 
-def vector_indexes(s: PgSession) -> list[dict[str, Any]]:
-    """The vector indexes on ``embeddings``: name, method, opclass, expression, WHERE, the dimension they cover,
-    parameters (pgvector's defaults filled in, named in ``defaulted``), validity, size."""
-    rows = s.rows(
-        "SELECT c.relname, am.amname, opc.opcname, pg_get_indexdef(i.indexrelid), pg_get_expr(i.indexprs, i.indrelid),"
-        " pg_get_expr(i.indpred, i.indrelid), c.reloptions, i.indisvalid AND i.indisready, pg_relation_size(c.oid)"
-        " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam"
-        " LEFT JOIN pg_opclass opc ON opc.oid = i.indclass[0]"
-        " WHERE i.indrelid = to_regclass('embeddings') AND am.amname = ANY(%s) ORDER BY c.relname",
-        (list(VECTOR_INDEX_METHODS),))
-    out = []
-    for name, method, opclass, definition, expression, predicate, reloptions, valid, size in rows:
-        given = dict(o.split("=", 1) for o in reloptions or [])
-        params: dict[str, Any] = {k: _int(v) if _int(v) is not None else v for k, v in given.items()}
-        defaulted = [k for k in INDEX_DEFAULTS.get(method, {}) if k not in params]
-        params.update({k: INDEX_DEFAULTS[method][k] for k in defaulted})
-        cast = re.search(r"halfvec\((\d+)\)", expression or "")
-        where = re.fullmatch(r"\(?\s*dimension\s*=\s*(\d+)\s*\)?", predicate or "")
-        out.append({"name": name, "method": method, "opclass": opclass, "expression": expression,
-                    "predicate": predicate, "dimension": int(cast.group(1)) if cast else None,
-                    "predicate_dimension": int(where.group(1)) if where else None,
-                    "cosine": bool(opclass and opclass.endswith("cosine_ops")), "valid": bool(valid),
-                    "parameters": params, "defaulted": defaulted, "size_bytes": int(size),
-                    "definition": definition})
-    return out
-
-
-def _usable_index(run: _Run, dimension: int) -> dict[str, Any] | None:
+def _usable_index(run: _Check, dimension: int) -> dict[str, Any] | None:
     """A valid cosine vector index on WeKnora's expression for ``dimension`` whose WHERE (if any) is
     ``dimension = N`` itself; None when there is none."""
     for ix in run.facts.get("indexes", []):
@@ -387,7 +228,7 @@ def _usable_index(run: _Run, dimension: int) -> dict[str, Any] | None:
     return None
 
 
-def _row_counts(run: _Run) -> None:
+def _row_counts(run: _Check) -> None:
     """Per knowledge base and dimension: rows, enabled rows, rows without a vector, rows beyond a chunk's own
     (generated questions, FAQ similar questions), rows whose vector's length is not their ``dimension``."""
     e = run.enabled
@@ -411,7 +252,7 @@ def _row_counts(run: _Run) -> None:
                     kb=kb, dimension=dim, rows=wrong_len, kind="vector_length")
 
 
-def _dimensions(run: _Run) -> None:
+def _dimensions(run: _Check) -> None:
     """Rows whose dimension differs from the knowledge base's embedding model's (or from the majority)."""
     kbs = run.facts.get("knowledge_bases", {})
     models = _models(run)
@@ -434,7 +275,7 @@ def _dimensions(run: _Run) -> None:
                         examples=[{"embedding_id": i, "chunk_id": c} for i, c in examples])
 
 
-def _models(run: _Run) -> dict[str, dict[str, Any]]:
+def _models(run: _Check) -> dict[str, dict[str, Any]]:
     """Per knowledge base: its embedding model's id, name and configured dimension (empty when unreadable)."""
     s = run.s
     if not (s.has("knowledge_bases", "embedding_model_id") and s.has("models", "parameters")):
@@ -446,7 +287,7 @@ def _models(run: _Run) -> dict[str, dict[str, Any]]:
     return {kb: {"id": mid, "name": mname, "dimension": _int(dim) or None} for kb, mid, mname, dim in rows}
 
 
-def _chunks_without_embedding(run: _Run) -> None:
+def _chunks_without_embedding(run: _Check) -> None:
     """Enabled, live chunks of an embedded type with no enabled row holding a vector in their knowledge base."""
     s, e = run.s, run.enabled
     has_k = s.has("knowledges", "deleted_at")
@@ -488,7 +329,7 @@ def _chunks_without_embedding(run: _Run) -> None:
     run.facts["embedded_chunk_types"] = list(EMBEDDED_CHUNK_TYPES)
 
 
-def _embedding_rows(run: _Run) -> None:
+def _embedding_rows(run: _Check) -> None:
     """Rows whose chunk is gone or soft-deleted (orphans) and enabled rows of disabled chunks: one pass."""
     s, e = run.s, run.enabled
     has_k = s.has("knowledges", "deleted_at")
@@ -519,7 +360,7 @@ def _embedding_rows(run: _Run) -> None:
                 row_enabled=bool(enabled))
 
 
-def _duplicates(run: _Run) -> None:
+def _duplicates(run: _Check) -> None:
     """Identical vectors on enabled rows of different chunks of one knowledge base, per dimension.
 
     Two passes, both a (parallel) scan: rows grouped by a fingerprint (the inner product with a fixed
@@ -549,7 +390,7 @@ def _duplicates(run: _Run) -> None:
                     chunk_ids=chunks[:50], embedding_ids=ids[:50], vector_md5=digest, rows=len(ids), dimension=dim)
 
 
-def _groups(run: _Run) -> Iterator[tuple[str, int, int]]:
+def _groups(run: _Check) -> Iterator[tuple[str, int, int]]:
     """(knowledge base, dimension, enabled rows) of every dimension with enabled rows."""
     for kb, info in run.facts.get("knowledge_bases", {}).items():
         for dim, counts in info.get("dimensions", {}).items():
@@ -557,43 +398,7 @@ def _groups(run: _Run) -> Iterator[tuple[str, int, int]]:
                 yield kb, int(dim), counts["enabled"] - counts["without_vector"]
 
 
-#: every search planned with its own values, as a statement sent once is: a prepared statement's generic plan (which
-#: Postgres may keep after its fifth run, and always takes under plan_cache_mode = force_generic_plan) cannot
-#: prove ``dimension = $2`` for an index ``WHERE dimension = <d>``, so through it no search would use the index
-CUSTOM_PLANS = {"plan_cache_mode": "force_custom_plan"}
-
-
-@contextmanager
-def weknora_search_settings(s: PgSession, ef_search: int | None, iterative_scan: str | None,
-                            more: Mapping[str, str] | None = None) -> Iterator[None]:
-    """A transaction with WeKnora's ``SET LOCAL hnsw.ef_search`` and ``hnsw.iterative_scan`` (None: left as is),
-    the settings of ``more``, and :data:`CUSTOM_PLANS`, set in one statement.
-
-    In the connection's pipeline mode ``BEGIN`` and ``COMMIT`` go into the pipeline as statements of their own,
-    as WeKnora's transaction sends them: psycopg's ``transaction()`` there syncs the pipeline as it opens and
-    closes (a wait for the server per search: 0.4 ms of a search's 1 ms on loopback). An error (the server's
-    surfaces when the pipeline syncs) leaves the transaction open: whoever opened the pipeline rolls it back
-    (``vectortrace._pipeline``)."""
-    settings = dict(CUSTOM_PLANS)
-    if ef_search is not None:
-        settings["hnsw.ef_search"] = str(int(ef_search))
-    if iterative_scan is not None:
-        settings["hnsw.iterative_scan"] = iterative_scan
-    settings.update(more or {})
-    set_local = ("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)),   # SET LOCAL of each
-                 [x for item in settings.items() for x in item])
-    if not s.conn.info.pipeline_status:   # PipelineStatus.OFF
-        with s.conn.transaction():
-            s.conn.execute(*set_local)
-            yield
-        return
-    s.conn.execute("BEGIN")
-    s.conn.execute(*set_local)
-    yield   # an error leaves the transaction open: the pipeline's owner rolls it back
-    s.conn.execute("COMMIT")
-
-
-def _near_duplicates(run: _Run, threshold: float, sample: int, seed: int) -> None:
+def _near_duplicates(run: _Check, threshold: float, sample: int, seed: int) -> None:
     """For a sample of rows per KB and dimension, the nearest row of another chunk (WeKnora's search settings)."""
     out: dict[str, Any] = {}
     for kb, dim, n_rows in _groups(run):
@@ -605,8 +410,8 @@ def _near_duplicates(run: _Run, threshold: float, sample: int, seed: int) -> Non
         out.setdefault(kb, {})[str(dim)] = facts
         try:
             pairs = _nearest_other_chunk(run, kb, dim, ids) if ids else []
-        except _data_errors() as exc:  # a vector whose length is not its dimension (reported by row_counts)
-            facts["error"] = run.s.masked(_one_line(str(exc), None))
+        except data_errors() as exc:  # a vector whose length is not its dimension (reported by row_counts)
+            facts["error"] = run.s.masked(one_line(str(exc), None))
             continue
         seen: set[frozenset[str]] = set()
         for sid, schunk, nid, nchunk, distance, same in pairs:
@@ -622,7 +427,7 @@ def _near_duplicates(run: _Run, threshold: float, sample: int, seed: int) -> Non
     run.facts["near_duplicates"] = out
 
 
-def _nearest_other_chunk(run: _Run, kb: str, dim: int, ids: list[int]) -> list[tuple[Any, ...]]:
+def _nearest_other_chunk(run: _Check, kb: str, dim: int, ids: list[int]) -> list[tuple[Any, ...]]:
     """For each row of ``ids``: (id, chunk, nearest row of another chunk's id, its chunk, cosine distance,
     identical vector?), searched the way WeKnora searches (its ef_search, iterative scan, WHERE)."""
     q = run.facts.get("weknora_query", {})
@@ -637,14 +442,7 @@ def _nearest_other_chunk(run: _Run, kb: str, dim: int, ids: list[int]) -> list[t
             {"dim": dim, "kb": kb, "ids": ids})
 
 
-def _data_errors() -> tuple[type[BaseException], ...]:
-    """psycopg's errors about the data a query met (a bad cast, a wrong vector length)."""
-    import psycopg
-
-    return (psycopg.DataError,)
-
-
-def _sample_ids(run: _Run, kb: str, dim: int, n: int, n_rows: int, seed: int) -> list[int]:
+def _sample_ids(run: _Check, kb: str, dim: int, n: int, n_rows: int, seed: int) -> list[int]:
     """Up to ``n`` ids of enabled rows with a vector (KB, dimension): pages sampled (TABLESAMPLE SYSTEM, about 3n
     rows' worth), or when that finds too few, the first ``n`` rows of a scan."""
     where = (f"knowledge_base_id = %(kb)s AND dimension = %(dim)s AND embedding IS NOT NULL"
@@ -659,7 +457,7 @@ def _sample_ids(run: _Run, kb: str, dim: int, n: int, n_rows: int, seed: int) ->
     return ids
 
 
-def _no_vector_index(run: _Run) -> None:
+def _no_vector_index(run: _Check) -> None:
     """Dimensions with rows and no valid cosine index on WeKnora's expression: every search is exact."""
     for kb, dim, n_rows in _groups(run):
         if _usable_index(run, dim) is not None:
@@ -675,7 +473,7 @@ def _no_vector_index(run: _Run) -> None:
                 other_indexes=[ix["name"] for ix in near])
 
 
-def _planner(run: _Run) -> None:
+def _planner(run: _Check) -> None:
     """EXPLAIN (ANALYZE) of WeKnora's vector query with a real vector, per KB and dimension: is the index used?"""
     q = run.facts.get("weknora_query", {})
     out: dict[str, Any] = {}
@@ -690,8 +488,8 @@ def _planner(run: _Run) -> None:
         try:
             with weknora_search_settings(run.s, q.get("ef_search"), q.get("iterative_scan")):
                 plan = run.s.rows("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)[0][0][0]
-        except _data_errors() as exc:  # e.g. a vector whose length is not its dimension: WeKnora's query fails too
-            out.setdefault(kb, {})[str(dim)] = {"error": run.s.masked(_one_line(str(exc), None)), "rows": n_rows}
+        except data_errors() as exc:  # e.g. a vector whose length is not its dimension: WeKnora's query fails too
+            out.setdefault(kb, {})[str(dim)] = {"error": run.s.masked(one_line(str(exc), None)), "rows": n_rows}
             continue
         nodes = list(plan_nodes(plan["Plan"]))
         vector_names = {ix["name"] for ix in run.facts.get("indexes", []) if ix["dimension"] == dim}
@@ -711,10 +509,3 @@ def _planner(run: _Run) -> None:
                     kb=kb, severity=INFO if small else PROBLEM, dimension=dim, index=usable["name"],
                     plan=out[kb][str(dim)]["nodes"], rows=n_rows)
     run.facts["planner"] = out
-
-
-def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The nodes of an EXPLAIN (FORMAT JSON) plan, depth first: node type and index name."""
-    yield {"node": node.get("Node Type", "?"), "index": node.get("Index Name")}
-    for child in node.get("Plans", []) or []:
-        yield from plan_nodes(child)

@@ -1,8 +1,8 @@
 """What every client of the collection layer shares: the retry policy, the ``Retry-After`` header,
 and running a coroutine to the end from synchronous code, Ctrl-C included.
 
-Used by the WeKnora client (:mod:`.client`), the LLM judge's client (:mod:`.llm`), the collector and
-the judge run: one policy, so a judge run treats 429s, timeouts and 5xx as a collection does.
+Used by the WeKnora client (:mod:`.client`), the LLM judge's client (:mod:`weknora_nb.collect.judge.llm`), the
+collector and the judge run: one policy, so a judge run treats 429s, timeouts and 5xx as a collection does.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from weknora_nb.core.errors import RequestFailed
-
-__all__ = ["RetryPolicy", "with_retries", "retry_after", "run_to_end", "run_on_new_loop"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -119,8 +117,8 @@ def run_to_end(make: Callable[[], Awaitable[_T]], *, name: str = "weknora-nb") -
 
 def run_on_new_loop(coro: Coroutine[Any, Any, _T]) -> _T:
     """``asyncio.run(coro)`` on uvloop's event loop where uvloop is installed (not on Windows), as the sandbox's
-    server runs: the collector's loop then takes about 0.93 of the time on the demo's versions (README,
-    "Correctness and speed"); Ctrl-C cancels ``coro`` as under ``asyncio.run``."""
+    server runs (the collector's event loop is busy with every request it makes); Ctrl-C cancels ``coro`` as
+    under ``asyncio.run``."""
     with asyncio.Runner(loop_factory=_new_loop) as runner:
         return runner.run(coro)
 

@@ -1,5 +1,6 @@
 """How to reach an OpenAI-compatible service (the judge's LLM, the knowledge base's embedding model): what
-:class:`~weknora_nb.collect.llm.LLMSettings` and :class:`~weknora_nb.collect.vectortrace.EmbeddingSettings` share.
+:class:`~weknora_nb.collect.judge.llm.LLMSettings` and :class:`~weknora_nb.collect.checks.embeddings.EmbeddingSettings`
+share.
 
 The key itself is never a setting, only the variable that holds it. Checked when made: a :class:`UsageError`
 names the command-line option of the setting (each kind of service has its own, :attr:`ServiceSettings.OPTIONS`).
@@ -12,10 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from weknora_nb.collect.redact import check_http_url, settings_repr
+from weknora_nb.collect.http.redact import check_http_url, settings_repr
 from weknora_nb.core.errors import UsageError
-
-__all__ = ["ServiceSettings"]
 
 
 @dataclass

@@ -30,11 +30,7 @@ from typing import Any
 
 from weknora_nb.core.errors import UsageError, reading
 
-__all__ = ["PROMPT_DIR", "CRITERIA", "LANGUAGES", "POINTWISE_VERSION", "PAIRWISE_VERSION", "SECTION_TAGS",
-           "NONE_TEXT", "PAIRWISE_SCHEMA", "Prompt", "InvalidReply", "load_prompt", "detect_language",
-           "pointwise_schema", "parse_scores", "parse_verdict", "correction", "neutralise"]
-
-PROMPT_DIR = Path(__file__).resolve().parents[1] / "data" / "judge_prompts"
+PROMPT_DIR = Path(__file__).resolve().parents[2] / "data" / "judge_prompts"
 CRITERIA = ("correctness", "faithfulness", "relevance")
 LANGUAGES = ("zh", "en")
 POINTWISE_VERSION = "v1"

@@ -32,12 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.collect.system import UNBUILDABLE, _unbuildable
+from weknora_nb.collect.run.system import UNBUILDABLE, _unbuildable
 from weknora_nb.core.errors import ConfigError, Problem, UsageError
 from weknora_nb.core.weknora import SETTINGS_SOURCES
-
-__all__ = ["Stage", "DEFAULT_STAGES", "FAQ_STAGE", "BUILT_IN_STAGES", "DEFAULT_SELECTION", "ENDPOINTS",
-           "PRIMARY_MATCH_TYPES", "DEFAULT_MATCH_COUNT", "resolve_stages", "load_stage_file", "match_count_problem"]
 
 ENDPOINTS = ("hybrid-search", "knowledge-search", "chat", "faq-search")
 #: the ``match_count`` hybrid-search and faq-search stages send when they name none (C17: main's default;

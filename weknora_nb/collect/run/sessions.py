@@ -13,10 +13,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from weknora_nb.collect.client import WeKnoraClient
+from weknora_nb.collect.http.client import WeKnoraClient
 from weknora_nb.core.errors import RequestFailed
-
-__all__ = ["delete_sessions"]
 
 log = logging.getLogger(__name__)
 

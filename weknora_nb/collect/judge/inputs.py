@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.collect.judge_prompts import NONE_TEXT
+from weknora_nb.collect.judge.prompts import NONE_TEXT
 from weknora_nb.core.answers import read_answers
 from weknora_nb.core.errors import NotComparableError, RunFolderError, UsageError, reading
 from weknora_nb.core.run import ANSWERS, CHUNKS, read_manifest
-
-__all__ = ["AnswerItem", "load_answers", "render_answer"]
 
 #: C65: an inline citation ``<kb doc="TITLE" chunk_id="ID" kb_id="KB" />`` (attributes HTML-escaped)
 _CITATION = re.compile(r"<kb\b[^>]*?chunk_id=\"([^\"]+)\"[^>]*/?>")
@@ -47,8 +45,6 @@ class AnswerItem:
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.query_id, self.stage, self.repeat)
-
-
 
 
 def load_answers(run_dir: str | Path, *, testset: Any = None,

@@ -11,7 +11,7 @@
   line; a damaged line elsewhere is a :class:`~weknora_nb.core.errors.RunFolderError`. A key is
   written once: the judge appends only keys it does not hold, and :meth:`JudgementLog.rewrite`
   (atomic) removes records before they are judged again.
-- :class:`JudgeLock`: the collector's run-folder lock (:class:`~weknora_nb.collect.lock.RunLock`) on a
+- :class:`JudgeLock`: the collector's run-folder lock (:class:`~weknora_nb.collect.run.lock.RunLock`) on a
   file of its own, ``.judge.lock``: one judge per run folder at a time.
 """
 
@@ -27,11 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from weknora_nb.collect.lock import RunLock
+from weknora_nb.collect.run.lock import RunLock
 from weknora_nb.core.errors import RunFolderError, RunLockedError, StorageError, reading, writing
 from weknora_nb.core.files import atomic_path
-
-__all__ = ["CACHE_FILE", "LOCK_FILE", "JudgeCache", "JudgementLog", "JudgeLock", "Key"]
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +155,19 @@ class JudgementLog:
             with writing(self.path):
                 self._fh.close()
             self._fh = None
+
+
+def judgement_key(rec: dict[str, Any]) -> Key:
+    key = (rec["query_id"], rec["stage"], rec["repeat"], rec["judge_repeat"])
+    if not (isinstance(key[0], str) and isinstance(key[1], str) and all(isinstance(k, int) for k in key[2:])
+            and rec.get("status") in ("judged", "failed")):
+        raise TypeError("not a judgement record")
+    return key
+
+
+def read_judgements(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a judgement log (``judgements.jsonl`` or a pairwise log), one per judgement."""
+    return list(JudgementLog(path, judgement_key).read().values())
 
 
 class JudgeLock(RunLock):

@@ -27,8 +27,6 @@ from typing import IO, Any
 from weknora_nb.core.errors import RunFolderError, reading, writing
 from weknora_nb.core.jsontext import json_bytes
 
-__all__ = ["RequestKey", "Records", "read_checkpoint", "count_records", "CheckpointWriter"]
-
 log = logging.getLogger(__name__)
 
 #: (query_id, stage, repeat): one request of a run

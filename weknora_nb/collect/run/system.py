@@ -3,7 +3,7 @@
 What the measured WeKnora deployment is made of (chunking, embedding model, index,
 thresholds, rerank, ...) is not visible through its API, so the user states it in a small
 YAML file; the collector stores it under ``system`` in the run's manifest, and comparisons
-diff it. Any mapping is accepted (the README shows the usual keys)::
+diff it. Any mapping is accepted (docs/user-guide.md, "Describing the system", shows the usual keys)::
 
     chunking: {strategy: structure-aware, max_chars: 512}
     embedding: {model: text-embedding-v4, dims: 1024}
@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.errors import ConfigError, Problem
-
-__all__ = ["load_system_description", "UNBUILDABLE"]
 
 _EXAMPLE = "e.g. 'embedding: {model: bge-m3}'"
 

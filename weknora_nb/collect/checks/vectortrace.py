@@ -2,8 +2,8 @@
 Postgres, to split a vector miss into an *index miss* and an *embedding miss* (docs/method.md: "trace degraded
 samples to the vector store's own retrieval").
 
-For each query, :func:`trace_queries` embeds its text with the knowledge base's model (an OpenAI-compatible
-``POST {base}/embeddings``; the key from ``$WEKNORA_NB_EMBEDDINGS_API_KEY``, none sent when unset) and runs
+For each query, :func:`trace_queries` embeds its text with the knowledge base's model
+(:mod:`weknora_nb.collect.checks.embeddings`) and runs
 
 - the **exact** search: WeKnora's vector query (the same WHERE: dimension, knowledge bases, enabled rows) in a
   transaction with ``SET LOCAL enable_indexscan = off`` (and bitmap scans off): a sequential scan, the truth;
@@ -37,19 +37,16 @@ Rows, not chunks: a chunk with generated questions has several rows; WeKnora ded
 from __future__ import annotations
 
 import logging
-import math
-import os
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from weknora_nb.collect.pgcheck import (
-    PgSession,
-    connect_readonly,
+from weknora_nb.collect.checks.embeddings import EmbeddingSettings, embed_texts
+from weknora_nb.collect.checks.postgres import PgSession, connect_readonly
+from weknora_nb.collect.checks.vector_search import (
     iterative_scan_supported,
     pgvector_version,
     plan_nodes,
@@ -59,34 +56,15 @@ from weknora_nb.collect.pgcheck import (
     weknora_top_k,
     weknora_vector_limits,
 )
-from weknora_nb.collect.redact import install_log_redaction, redact_text, redact_url
-from weknora_nb.collect.service import ServiceSettings
-from weknora_nb.core.errors import (
-    AuthFailed,
-    BadRequest,
-    ConnectFailed,
-    NotFound,
-    ProtocolFailed,
-    RateLimited,
-    RequestFailed,
-    RequestTimeout,
-    ServerFailed,
-    UsageError,
-    writing,
-)
+from weknora_nb.core.errors import UsageError, writing
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.run import VECTOR_TRACE, VECTOR_TRACE_QUERIES, VECTOR_TRACE_SUMMARY
 
 if TYPE_CHECKING:
-    import httpx
     import pandas as pd
-
-__all__ = ["EMBEDDINGS_API_KEY_ENV", "EF_SWEEP", "STATUSES", "EmbeddingSettings", "TraceQuery", "VectorTrace",
-           "embed_texts", "trace_queries"]
 
 log = logging.getLogger(__name__)
 
-EMBEDDINGS_API_KEY_ENV = "WEKNORA_NB_EMBEDDINGS_API_KEY"
 EF_SWEEP = (10, 20, 40, 64, 100, 200, 400)
 STATUSES = ("hit", "index_miss", "embedding_miss")
 _EPS = 1e-6  # distances equal within this are ties
@@ -97,132 +75,6 @@ _INDEX_SCANS = ("enable_indexscan", "enable_bitmapscan", "enable_indexonlyscan")
 _SEARCH_BY_INDEX = ("enable_seqscan", "enable_sort")
 
 
-# ------------------------------------------------------------------------------------------ embeddings
-@dataclass(repr=False)
-class EmbeddingSettings(ServiceSettings):
-    """How to reach an OpenAI-compatible embeddings endpoint serving the knowledge base's model
-    (:class:`~weknora_nb.collect.service.ServiceSettings`; the key from ``$WEKNORA_NB_EMBEDDINGS_API_KEY`` by
-    default, unset: no Authorization header); texts go ``batch_size`` to a request, with ``dimensions`` asked
-    for when given."""
-
-    api_key_env: str = EMBEDDINGS_API_KEY_ENV
-    timeout_s: float = 60.0
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 10.0
-    retry_after_max_s: float = 30.0
-    max_connections: int = 4
-    dimensions: int | None = None
-    batch_size: int = 32
-
-    OPTIONS: ClassVar[dict[str, tuple[str, str]]] = {
-        "base_url": ("--embeddings-url", ""),
-        "model": ("--embeddings-model", "the knowledge base's embedding model name"),
-        "timeout_s": ("timeout_s", "> 0 (seconds)"), "max_attempts": ("max_attempts", ">= 1")}
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise UsageError(argument="batch_size", allowed=">= 1", got=self.batch_size)
-
-
-def embed_texts(settings: EmbeddingSettings, texts: Sequence[str]) -> list[list[float]]:
-    """The embedding of each of ``texts`` (in order), in batches of ``settings.batch_size``, a few at once,
-    each retried on connect failures, timeouts, 429 and 5xx. Raises the :class:`RequestFailed` kinds."""
-    from weknora_nb.collect.retry import run_to_end
-
-    return run_to_end(lambda: _embed_all(settings, list(texts)), name="weknora-nb embeddings")
-
-
-async def _embed_all(settings: EmbeddingSettings, texts: list[str]) -> list[list[float]]:
-    import asyncio
-
-    import httpx
-
-    from weknora_nb.collect.client import split_base_url
-    from weknora_nb.collect.retry import with_retries
-    from weknora_nb.collect.transport import async_client  # aiohttp's import waits for a client
-
-    install_log_redaction()
-    key = os.environ.get(settings.api_key_env, "")
-    base_url, auth, query = split_base_url(settings.base_url)
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    limit = asyncio.Semaphore(settings.max_connections)
-    rng = random.Random()
-    async with async_client(base_url=base_url, auth=httpx.BasicAuth(*auth) if auth else None,
-                            params=httpx.QueryParams(query), headers=headers,
-                            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)) as http:
-        async def batch(part: list[str]) -> list[list[float]]:
-            async with limit:
-                return await with_retries(lambda: _post(http, settings, part, key), settings, rng,
-                                          what="embeddings call")
-        step = settings.batch_size
-        parts = await asyncio.gather(*(batch(texts[i:i + step]) for i in range(0, len(texts), step)))
-    return [v for part in parts for v in part]
-
-
-async def _post(http: httpx.AsyncClient, settings: EmbeddingSettings, texts: list[str], key: str) -> list[list[float]]:
-    """One ``POST /embeddings``: the vectors of ``texts`` in order (by ``index`` when the server gives it)."""
-    import httpx
-
-    body: dict[str, Any] = {"model": settings.model, "input": texts, "encoding_format": "float"}
-    if settings.dimensions:
-        body["dimensions"] = settings.dimensions
-    try:
-        resp = await http.post("embeddings", json=body)
-    except httpx.TimeoutException as exc:
-        raise RequestTimeout(f"POST /embeddings: timed out ({type(exc).__name__})") from exc
-    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-        raise ConnectFailed(f"POST /embeddings: {type(exc).__name__}: {_masked(str(exc), key)}") from exc
-    if resp.status_code >= 400:
-        raise _failure(resp, settings, key)
-    return _vectors(resp, len(texts))
-
-
-def _masked(text: str, key: str) -> str:
-    return redact_text(text.replace(key, "***") if key else text)
-
-
-def _failure(resp: httpx.Response, settings: EmbeddingSettings, key: str) -> RequestFailed:
-    """The :class:`RequestFailed` kind of an error status (the server's message, the key masked)."""
-    from weknora_nb.collect.retry import retry_after
-
-    status = resp.status_code
-    text = f"POST /embeddings: HTTP {status}: {_masked(resp.text[:300].strip(), key)}"
-    if status in (401, 403):
-        return AuthFailed(f"the embeddings server refused the key in ${settings.api_key_env}. {text}", status=status)
-    if status == 404:
-        return NotFound(f"no such model or path on the embeddings server (model {settings.model!r}, "
-                        f"{redact_url(settings.base_url)}). {text}", status=status)
-    if status == 408:
-        return RequestTimeout(text, status=status)
-    if status == 429:
-        return RateLimited(text, status=status, retry_after=retry_after(resp))
-    if status >= 500:
-        return ServerFailed(text, status=status)
-    return BadRequest(text, status=status)
-
-
-def _vectors(resp: httpx.Response, n: int) -> list[list[float]]:
-    """``data[].embedding`` of a 2xx body, ordered by ``index`` when every item has one (WeKnora reads the array
-    order: the same for a server that writes them in order); :class:`ProtocolFailed` otherwise."""
-    try:
-        data = resp.json().get("data")
-    except (ValueError, AttributeError):
-        data = None
-    ok = isinstance(data, list) and len(data) == n and all(
-        isinstance(d, dict) and isinstance(d.get("embedding"), list) and d["embedding"] for d in data)
-    if not ok:
-        raise ProtocolFailed(f"POST /embeddings: HTTP {resp.status_code} but the body holds no data[] of {n} "
-                             "embeddings", status=resp.status_code)
-    if all(isinstance(d.get("index"), int) for d in data) and sorted(d["index"] for d in data) == list(range(n)):
-        data = sorted(data, key=lambda d: d["index"])
-    vectors = [[float(x) for x in d["embedding"]] for d in data]
-    if any(not all(math.isfinite(x) for x in v) for v in vectors):
-        raise ProtocolFailed("POST /embeddings: an embedding holds a value that is not a finite number")
-    return vectors
-
-
-# ------------------------------------------------------------------------------------------ the trace
 @dataclass(frozen=True)
 class TraceQuery:
     """One query: its id, its text, and its relevant chunks (chunk id -> grade >= 1)."""
@@ -313,6 +165,8 @@ def trace_queries(dsn: str, kb_ids: Sequence[str], queries: Any, embeddings: Emb
 
 _CHUNK_COLUMNS = ("query_id", "chunk_id", "grade", "k", "status", "exact_rank", "planned_rank", "exact_distance",
                   "has_vector", "status_index", "index_rank")
+
+
 _QUERY_COLUMNS = ("query_id", "ef_search", "weknora", "k", "recall", "exact_rows", "index_rows", "recall_as_planned")
 
 
@@ -369,9 +223,9 @@ class _Plan:
         knowledge base, distance), best first: exact (no index, ``max(K)`` rows and room for ties) or as WeKnora asks
         it (its inner LIMIT, ``ef``, strict-order iterative scan, threshold), as planned or (``force``) through the
         vector index: sequential scans and sorts off, only its ordered scan is left. Each is planned with its values
-        (:data:`~weknora_nb.collect.pgcheck.CUSTOM_PLANS`). In the connection's pipeline mode nothing waits for the
-        server here, for its transaction neither (see :func:`_pipeline`): the rows are there once the pipeline is
-        synced."""
+        (:data:`~weknora_nb.collect.checks.vector_search.CUSTOM_PLANS`). In the connection's pipeline mode nothing
+        waits for the server here, for its transaction neither (see :func:`_pipeline`): the rows are there once the
+        pipeline is synced."""
         k = self.cutoffs[0]
         params = {"vector": vector, "dimension": dim, "kb_ids": self.kb_ids,
                   "inner_limit": k + _TIE_ROOM if exact else max(self.inner, k),
@@ -429,9 +283,9 @@ class _Plan:
 @contextmanager
 def _pipeline(conn: Any) -> Iterator[None]:
     """``conn``'s pipeline mode where its libpq has one (14 or later: psycopg's binary package bundles one), else
-    nothing (the statements then wait for the server one by one). A search that fails
-    in the pipeline leaves its transaction open (:func:`~weknora_nb.collect.pgcheck.weknora_search_settings`): it
-    is rolled back here before the error goes on."""
+    nothing (the statements then wait for the server one by one). A search that fails in the pipeline leaves its
+    transaction open (:func:`~weknora_nb.collect.checks.vector_search.weknora_search_settings`): it is rolled back
+    here before the error goes on."""
     import psycopg
 
     if not psycopg.Pipeline.is_supported():
