@@ -368,7 +368,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch, files):
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr("weknora_nb.core.scoring._score_prepared", broken)
+    monkeypatch.setattr("weknora_nb.core.scoring.entry._score_prepared", broken)
     with pytest.raises(ZeroDivisionError):
         cli.main(["score", *map(str, files)])
 

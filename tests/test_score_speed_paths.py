@@ -32,11 +32,14 @@ from hypothesis import strategies as st
 from weknora_nb import cli, score, write_results
 from weknora_nb.core import codes as codes_module
 from weknora_nb.core import requests as requests_module
-from weknora_nb.core import testset as testset_module
 from weknora_nb.core.errors import MetricError, ResultsError, TestSetError, UsageError
 from weknora_nb.core.results import ResultCodes, read_results, read_results_for_scoring
 from weknora_nb.core.scoring import score_files
 from weknora_nb.core.testset import TestSet, load_testset
+from weknora_nb.core.testset import builder as builder_module
+from weknora_nb.core.testset import model as model_module
+from weknora_nb.core.testset import textfile as textfile_module
+from weknora_nb.core.testset import validate as validate_module
 
 from .conftest import examples, failed, ranked, results_frame
 from .test_scoring_paths import METRICS, random_case, same_scores, write_parquet
@@ -54,7 +57,7 @@ def outcome(load):
 
 def record_by_record():
     """Every record checked alone: the path as it was before issue 17."""
-    return mock.patch.object(testset_module, "_bulk_columns", lambda objs: None)
+    return mock.patch.object(validate_module, "bulk_columns", lambda objs: None)
 
 
 def assert_same(fast, slow):
@@ -126,20 +129,20 @@ def test_json_text_is_json_dumps_of_the_dict(files):
 def test_json_text_built_in_two_halves_is_the_same_text(files, tmp_path, monkeypatch, halves_from):
     """From ``JSON_HALVES_FROM`` rows the per-query text is built in two halves (the second in a thread): the same
     bytes as built whole, in every layout (indented, compact, one row a line)."""
-    from weknora_nb.core import scoring
+    from weknora_nb.core.scoring import json_rows
 
     sc = score(load_testset(files[0]), files[1], ["recall@3", "ndcg@5", "mrr@20", "judged@5"])
     assert len(sc.per_query_mean()) == 4
     whole = [sc.to_json_bytes(), sc.to_json_bytes(indent=False), sc.write_per_query(tmp_path / "a.jsonl").read_bytes()]
-    monkeypatch.setattr(scoring, "JSON_HALVES_FROM", halves_from)
+    monkeypatch.setattr(json_rows, "JSON_HALVES_FROM", halves_from)
     halves = [sc.to_json_bytes(), sc.to_json_bytes(indent=False), sc.write_per_query(tmp_path / "b.jsonl").read_bytes()]
     assert halves == whole
-    assert len(scoring._per_query_json(sc.per_query_mean(), sc.metric_names, indent=True)) == 4   # [, 2 halves, ]
+    assert len(json_rows.per_query_json(sc.per_query_mean(), sc.metric_names, indent=True)) == 4   # [, 2 halves, ]
     assert whole[0].decode("utf-8") == json.dumps(sc.to_json_dict(), ensure_ascii=False, indent=2)
 
 
 def test_json_numbers_read_back_as_the_same_doubles():
-    from weknora_nb.core.scoring import _json_numbers
+    from weknora_nb.core.scoring.json_rows import _json_numbers
     values = [0.0, 1.0, -0.0, 1e-05, 1 / 3, 2 / 3, 0.1, 1e300, 5e-324, 123456789.0, float("nan"), float("inf")]
     text = _json_numbers(pd.Series(values).to_numpy()).to_pylist()
     back = [json.loads(t) for t in text]
@@ -242,7 +245,7 @@ def test_stages_in_the_order_they_first_appear_are_those_of_the_requests_one_by_
     """The stage order score() reports (pipeline role, then first appearance) from a pass per distinct stage is
     the order of the requests' stage names read one by one, whatever the codes and their order."""
     from weknora_nb.core.pipeline import stage_order
-    from weknora_nb.core.scoring import _stages_seen
+    from weknora_nb.core.scoring.entry import _stages_seen
 
     rng = np.random.default_rng(3)
     for _ in range(300):
@@ -305,13 +308,13 @@ def big_jsonl(path: Path, n: int, bad: dict[int, str] | None = None) -> Path:
 @pytest.fixture
 def small_blocks():
     """Files read 16 KB at a time: a few thousand lines make many blocks."""
-    with mock.patch.object(testset_module, "_BLOCK_BYTES", 1 << 14):
+    with mock.patch.object(textfile_module, "BLOCK_BYTES", 1 << 14):
         yield
 
 
 def test_a_plain_file_is_checked_in_bulk(tmp_path, small_blocks):
     path = big_jsonl(tmp_path / "t.jsonl", 3_000)
-    with mock.patch.object(testset_module._Builder, "add", side_effect=AssertionError("record by record")):
+    with mock.patch.object(builder_module.Builder, "add", side_effect=AssertionError("record by record")):
         ts = load_testset(path)
     assert len(ts) == 3_000 and len(ts.qrels) == 12_000 and ts.records()[2_999]["tags"] == []
     with record_by_record():
@@ -404,7 +407,7 @@ def test_jsonl_in_bulk_equals_record_by_record(recs, seed, block_bytes):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.jsonl"
         path.write_text(jsonl_text(recs, rng), encoding="utf-8", newline=rng.choice(["\n", "\r\n"]))
-        with mock.patch.object(testset_module, "_BLOCK_BYTES", block_bytes):
+        with mock.patch.object(textfile_module, "BLOCK_BYTES", block_bytes):
             fast = outcome(lambda: load_testset(path))
             with record_by_record():
                 slow = outcome(lambda: load_testset(path))
@@ -490,7 +493,7 @@ def test_hash_of_a_generated_test_set_is_the_one_before_issue_17(tmp_path):
     assert ts.hash == PINNED_3000
     ts.to_jsonl(tmp_path / "t.jsonl")
     assert load_testset(tmp_path / "t.jsonl").hash == PINNED_3000
-    assert testset_module._content_hash(ts.queries, ts.qrels, ts.label_rows, slice_size=97) == PINNED_3000
+    assert model_module.content_hash(ts.queries, ts.qrels, ts.label_rows, slice_size=97) == PINNED_3000
 
 
 def test_hash_of_a_hand_built_frame_with_object_tags():

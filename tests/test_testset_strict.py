@@ -122,10 +122,10 @@ def test_streamed_hash_equals_the_one_json_text(records):
 
 
 def test_hash_does_not_depend_on_the_slices(tmp_path):
-    from weknora_nb.core.testset import _content_hash
+    from weknora_nb.core.testset.model import content_hash
     records = [dict(r, query_id=f"{r['query_id']}-{i}") for i in range(7) for r in NASTY + GOOD]
     ts = TestSet.from_records(records)
-    hashes = {_content_hash(ts.queries, ts.qrels, ts.label_rows, slice_size=k) for k in (1, 3, 64)}
+    hashes = {content_hash(ts.queries, ts.qrels, ts.label_rows, slice_size=k) for k in (1, 3, 64)}
     assert hashes == {reference_hash(ts.records())}
 
 

@@ -23,7 +23,6 @@ from weknora_nb.core.errors import InputError, Problem, reading
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["read_answers", "ANSWER_COLUMNS", "JUDGEMENTS", "JUDGE_MANIFEST", "read_judgement_records"]
 
 ANSWER_COLUMNS = ("query_id", "stage", "repeat", "answer", "citations")
 

@@ -8,12 +8,10 @@ codes (:func:`parquet_codes`), a record batch at a time, and its rows are checke
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +25,6 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-__all__ = ["ResultCodes", "parquet_codes", "extremes", "least", "in_background"]
 
 _STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
@@ -223,7 +220,7 @@ def _blank_as_missing(codes: np.ndarray, values: np.ndarray | pa.Array) -> tuple
     if blank.any():
         lut = np.append(np.where(blank, -1, np.arange(len(blank))), -1)  # the last slot serves code -1
         codes = lut[codes]
-    if "pandas" in sys.modules:   # pyarrow's conversion (1.5x faster) imports pandas: only once it is there
+    if "pandas" in sys.modules:   # pyarrow's conversion (the faster one) imports pandas: only once it is there
         return codes, arr.to_numpy(zero_copy_only=False)
     text = np.empty(len(arr), dtype=object)
     text[:] = arr.to_pylist()   # see _numbers
@@ -482,19 +479,3 @@ def parquet_codes(path: str | os.PathLike) -> ResultCodes | None:
     if problems:
         raise ResultsError(p, problems)
     return codes
-
-
-def in_background(work: Callable[[], Any], name: str) -> Future[Any]:
-    """``work()`` started in a daemon thread of its own named ``name``: its result, or its exception, comes out
-    of the future's ``result()``. Being a daemon, it never holds up the end of the process (a command that
-    stops with an error does not wait for work it no longer needs)."""
-    future: Future[Any] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future

@@ -54,12 +54,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Problem", "WeknoraNbError", "UsageError", "MetricError", "InputError", "TestSetError",
-           "ResultsError", "ConfigError", "RunFolderError", "RunExistsError", "NotComparableError",
-           "RunLockedError", "RequestFailed", "ConnectFailed", "RequestTimeout", "AuthFailed", "NotFound",
-           "BadRequest", "RateLimited", "ServerFailed", "ProtocolFailed", "ReportError", "StorageError",
-           "Interrupted", "SandboxError", "is_foreign", "translate_foreign", "reading", "writing"]
-
 
 @dataclass(frozen=True)
 class Problem:

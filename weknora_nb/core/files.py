@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "waiting_lock", "default_cache_dir"]
-
 
 def default_cache_dir() -> Path:
     """``$WEKNORA_NB_CACHE`` or ``~/.cache/weknora-nb``: what is computed once per machine (the sandbox's

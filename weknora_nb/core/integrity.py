@@ -12,10 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "CHECKS", "PROBLEM", "INFO", "findings_from_json", "API_CHECKS", "LABEL_CHECKS",
-           "DATABASE_CHECKS", "RUN_CHECKS", "BROKEN_CHUNK", "summary_rows", "describe_findings", "merge_findings",
-           "broken_chunks"]
-
 PROBLEM, INFO = "problem", "info"
 
 #: every rule a check applies -> what it means, one line (shown in reports next to the count)

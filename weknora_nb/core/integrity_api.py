@@ -43,10 +43,6 @@ import pandas as pd
 
 from weknora_nb.core.integrity import API_CHECKS, INFO, LABEL_CHECKS, PROBLEM, Finding
 
-__all__ = ["KNOWLEDGE_COLUMNS", "FAILED_PARSE", "NOT_READY", "api_checks", "api_facts", "label_findings",
-           "knowledge_findings", "duplicate_findings", "listing_findings", "inventory_fingerprint",
-           "inventory_changes", "checks_applied"]
-
 #: the knowledge list's columns (one row per knowledge of the knowledge bases)
 KNOWLEDGE_COLUMNS = ["knowledge_id", "knowledge_base_id", "knowledge_title", "parse_status", "enable_status",
                      "error_message", "listing", "listed", "total"]

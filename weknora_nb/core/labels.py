@@ -26,8 +26,6 @@ from pathlib import Path
 
 from weknora_nb.core.errors import InputError, Problem, UsageError, reading, writing
 
-__all__ = ["Judgement", "LabelsLog", "read_labels", "read_label_entries", "latest", "iter_graded", "GRADES"]
-
 log = logging.getLogger(__name__)
 
 #: the grades of docs/method.md section 1 (3 fully, 2 highly, 1 partly, 0 not relevant)

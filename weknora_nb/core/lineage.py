@@ -41,10 +41,6 @@ from weknora_nb.core.files import atomic_path
 from weknora_nb.core.labels import Judgement, latest, read_label_entries
 from weknora_nb.core.testset import TestSet, load_testset
 
-__all__ = ["LabelFile", "Resolved", "MergeResult", "LINEAGE_SUFFIX", "lineage_path", "file_sha256",
-           "read_label_file", "resolve_judgements", "merge_labels", "write_version", "read_lineage",
-           "ancestors", "is_ancestor", "rescore_plan"]
-
 log = logging.getLogger(__name__)
 
 #: the lineage file of ``T2.jsonl`` is ``T2.jsonl.lineage.json``

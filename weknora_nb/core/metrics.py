@@ -33,9 +33,6 @@ import numpy as np
 
 from weknora_nb.core.errors import MetricError
 
-__all__ = ["Metric", "parse_metric", "parse_metrics", "DEFAULT_METRICS", "FAMILIES", "NEEDS_ALL_LABELS",
-           "RankedLists"]
-
 #: the metrics reported when the user names none (docs/method.md section 3)
 DEFAULT_METRICS: tuple[str, ...] = ("recall@3", "recall@5", "recall@10", "hit@5", "mrr@20", "ndcg@5", "ndcg@10")
 

@@ -24,9 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["PIPELINE", "FOCUS_STAGE", "HEADLINE_METRIC", "MIN_VALID_QUERIES", "role_of", "upstream",
-           "stage_order", "focus_stage", "significance_warning"]
-
 #: stage roles in pipeline order; stages of other roles follow in the order first seen
 PIPELINE: tuple[str, ...] = ("vector", "keyword", "hybrid", "final", "citations", "faq")
 

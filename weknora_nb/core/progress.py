@@ -12,8 +12,6 @@ from __future__ import annotations
 import sys
 from typing import IO, Any
 
-__all__ = ["LOG_EVERY_S", "progress_bar"]
-
 #: outside a terminal or a notebook, a progress line at most this often (seconds)
 LOG_EVERY_S = 30.0
 

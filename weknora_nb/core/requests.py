@@ -29,8 +29,6 @@ from weknora_nb.core.codes import ResultCodes, extremes, least
 from weknora_nb.core.errors import Problem, ResultsError, UsageError
 from weknora_nb.core.pipeline import stage_order as _stage_order
 
-__all__ = ["Requests", "Lists", "Prepared", "prepare", "GRID_SLACK"]
-
 log = logging.getLogger(__name__)
 
 #: padding cells a grid of requests x longest list may hold beyond 4 per row before the

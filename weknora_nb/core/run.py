@@ -47,9 +47,6 @@ from weknora_nb.core.scoring import Scores, result_codes, score
 from weknora_nb.core.testset import TestSet, load_testset
 from weknora_nb.core.weknora import SETTINGS_SOURCES, effective_retrieval_config
 
-__all__ = ["MANIFEST", "CHECKPOINT", "RESULTS", "CHUNKS", "ANSWERS", "RUN_NAME_MAX", "Run", "load_run",
-           "read_manifest", "check_run_name", "iter_runs", "flatten"]
-
 MANIFEST = "manifest.json"
 CHECKPOINT = "checkpoint.jsonl"
 RESULTS = "results.parquet"

@@ -1,11 +1,11 @@
 """jieba, the Chinese word segmenter WeKnora's tokenizers use, ready to cut (:func:`jieba_ready`).
 
 jieba starts by reading its prefix dictionary (its 349,045 words and their prefixes: 498,113 entries with
-their frequencies) from a ``marshal`` file in the temporary folder: 0.6 s in every process that segments
+their frequencies) from a ``marshal`` file in the temporary folder, slowly, in every process that segments
 Chinese, and a demo has four (two collection workers, two report kernels). :func:`jieba_ready` gives jieba
 the same dictionary read from a file of its own in the cache folder
 (:func:`~weknora_nb.core.files.default_cache_dir`), ``jieba-<version>.npz``: the entries as one UTF-8 block
-(split on newlines, which no entry holds) and their frequencies as an integer array, about 0.17 s to read. It
+(split on newlines, which no entry holds) and their frequencies as an integer array, quicker to read. It
 is written once per machine, after jieba's own start; a file that cannot be read, or whose entries and
 frequencies do not pair up, is ignored with a warning (jieba starts as it would) and written anew. Only
 jieba's default dictionary is kept so: a process that gave jieba another one gets jieba's own start.
@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from weknora_nb.core.files import atomic_path, default_cache_dir
-
-__all__ = ["jieba_ready"]
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,6 @@ import math
 
 from weknora_nb.core.errors import UsageError
 
-__all__ = ["THRESHOLDS", "TIERS", "tier", "thresholds", "check_domain_adjustment"]
-
 #: tier names, best first
 TIERS = ("excellent", "good", "pass", "fail")
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MATCH_TYPES", "PRIMARY_MATCH_TYPES", "CHUNK_TYPES", "SEARCHABLE_CHUNK_TYPES", "ERROR_CODES",
-           "RETRIEVAL_DEFAULTS", "RERANK_THRESHOLD_UNSAVED", "effective_retrieval_config", "SETTINGS_SOURCES"]
-
 #: C23: ``match_type`` of a search result
 MATCH_TYPES: dict[int, str] = {0: "vector", 1: "keyword", 2: "nearby", 3: "history", 4: "parent", 5: "relation",
                                6: "graph", 7: "web", 8: "direct load", 9: "data analysis"}
