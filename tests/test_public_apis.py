@@ -19,10 +19,9 @@ PROGRAMS = {PACKAGE / "__main__.py"}
 MAX_LINES = 600
 #: modules still being split (issue 44): each leaves this list when it is split, and the list ends empty
 NOT_YET_SPLIT = {"analysis/diagnose.py", "cli.py", "collect/collector.py", "collect/judge.py", "collect/pgcheck.py",
-                 "core/scoring.py", "core/testset.py", "sandbox/engine.py"}
+                 "core/scoring.py", "core/testset.py"}
 #: import circles still being broken (issue 44)
-CIRCLES_LEFT = [["weknora_nb.sandbox.engine", "weknora_nb.sandbox.pgcluster", "weknora_nb.sandbox.pgstore",
-                 "weknora_nb.sandbox.pgvector", "weknora_nb.sandbox.pipeline"]]
+CIRCLES_LEFT: list[list[str]] = []
 
 #: process tuning and private names of other packages that were once here (each a regular expression)
 FORBIDDEN = re.compile(
