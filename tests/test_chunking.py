@@ -133,7 +133,8 @@ def test_shipped_embedding_seed_covers_every_chunk():
 
     from weknora_nb.sandbox import load_demo_versions
     from weknora_nb.sandbox.chunking import corpus_chunks
-    from weknora_nb.sandbox.engine import E5Embedder, SandboxIndex, UseEmbedder
+    from weknora_nb.sandbox.embedders import E5Embedder, UseEmbedder
+    from weknora_nb.sandbox.index import SandboxIndex
 
     index = SandboxIndex(corpus_chunks(demo_dir()))
     assert index.positions("faq"), "the demo's FAQ entries are part of the index"

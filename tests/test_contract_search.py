@@ -22,18 +22,11 @@ from weknora_nb.core.weknora import effective_retrieval_config
 from weknora_nb.sandbox import SandboxServer
 from weknora_nb.sandbox.chunking import Chunk, corpus_chunks, index_text
 from weknora_nb.sandbox.emulation import RELEASES
-from weknora_nb.sandbox.engine import (
-    CONVERSATION_SETTINGS,
-    NegativeMatchCount,
-    PipelineSettings,
-    RetrievalEngine,
-    SandboxIndex,
-    VersionConfig,
-    candidates_per_path,
-    load_versions,
-)
-from weknora_nb.sandbox.pipeline import Hit
+from weknora_nb.sandbox.engine import NegativeMatchCount, RetrievalEngine, candidates_per_path
+from weknora_nb.sandbox.index import SandboxIndex
+from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit, PipelineSettings
 from weknora_nb.sandbox.textutil import clean_passage
+from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 FAQ_SMALL = Path(__file__).parent / "fixtures" / "faq_small.jsonl"

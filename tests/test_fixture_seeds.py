@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 
 from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES, Chunk, corpus_chunks
-from weknora_nb.sandbox.engine import EMBEDDERS, E5Embedder, SandboxIndex, UseEmbedder, VersionConfig
+from weknora_nb.sandbox.embedders import EMBEDDERS, E5Embedder, UseEmbedder
+from weknora_nb.sandbox.index import SandboxIndex
+from weknora_nb.sandbox.versions import VersionConfig
 
 from .conftest import BIG_SEED, write_big_documents
 

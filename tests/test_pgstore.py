@@ -15,9 +15,11 @@ import pytest
 
 from weknora_nb.core.errors import ConfigError
 from weknora_nb.sandbox.chunking import corpus_chunks
-from weknora_nb.sandbox.engine import RetrievalEngine, SandboxIndex, load_versions
+from weknora_nb.sandbox.engine import RetrievalEngine
+from weknora_nb.sandbox.index import SandboxIndex
 from weknora_nb.sandbox.pgstore import ef_search_for, expanded_top_k, halfvec_text
 from weknora_nb.sandbox.runner import SandboxServer
+from weknora_nb.sandbox.versions import load_versions
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-test-pgstore-0123456789"

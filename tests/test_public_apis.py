@@ -17,11 +17,6 @@ SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "demo" not in p.relative_to
 #: what importing runs a program (``python -m weknora_nb``)
 PROGRAMS = {PACKAGE / "__main__.py"}
 MAX_LINES = 600
-#: modules still being split (issue 44): each leaves this list when it is split, and the list ends empty
-NOT_YET_SPLIT = {"sandbox/engine.py"}
-#: import circles still being broken (issue 44)
-CIRCLES_LEFT = [["weknora_nb.sandbox.engine", "weknora_nb.sandbox.pgcluster", "weknora_nb.sandbox.pgstore",
-                 "weknora_nb.sandbox.pgvector", "weknora_nb.sandbox.pipeline"]]
 
 #: process tuning and private names of other packages that were once here (each a regular expression)
 FORBIDDEN = re.compile(
@@ -120,10 +115,7 @@ def test_no_class_overrides_a_private_member_of_another_package():
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_holds_more_than_600_lines(path: Path):
     n = len(path.read_text(encoding="utf-8").splitlines())
-    if str(path.relative_to(PACKAGE)) in NOT_YET_SPLIT:
-        assert n > MAX_LINES, "split: take it off NOT_YET_SPLIT"
-    else:
-        assert n <= MAX_LINES, f"{n} lines: one concept per module fits in less"
+    assert n <= MAX_LINES, f"{n} lines: one concept per module fits in less"
 
 
 def _imported_modules(path: Path, known: set[str]) -> set[str]:
@@ -180,4 +172,4 @@ def test_no_import_circle():
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert circles == CIRCLES_LEFT, "\n".join(" <-> ".join(c) for c in circles)
+    assert not circles, "\n".join(" <-> ".join(c) for c in circles)

@@ -15,9 +15,11 @@ import pytest
 from weknora_nb.collect.http.transport import default_tls
 from weknora_nb.core.errors import ConfigError, SandboxError, UsageError, WeknoraNbError
 from weknora_nb.sandbox import FaultConfig, SandboxServer, load_versions
-from weknora_nb.sandbox.engine import ModelMissingError, SandboxIndex, UseEmbedder
+from weknora_nb.sandbox.embedders import ModelMissingError, UseEmbedder
 from weknora_nb.sandbox.faults import FaultInjector, request_key
-from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, AnswerMemory, check_loopback
+from weknora_nb.sandbox.index import SandboxIndex
+from weknora_nb.sandbox.memory import AnswerMemory
+from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, check_loopback
 
 MINI = Path(__file__).parent / "fixtures" / "mini_kb"
 KEY = "sk-test-0123456789abcdef"
@@ -496,7 +498,7 @@ def test_a_missing_model_gives_a_clear_error(monkeypatch, tmp_path):
 
 def test_passage_embeddings_are_computed_once_and_cached(server, cache_dir):
     from weknora_nb.sandbox import build_index
-    from weknora_nb.sandbox.engine import E5Embedder
+    from weknora_nb.sandbox.embedders import E5Embedder
 
     files = sorted(p.name for p in Path(cache_dir).iterdir())
     assert [f for f in files if f.endswith(".npz")] == ["embeddings-multilingual-e5-small-q4.npz",
@@ -519,7 +521,7 @@ EMBEDDING_PROCESS = """
 import sys, time
 from pathlib import Path
 import numpy as np
-from weknora_nb.sandbox.engine import Embedder
+from weknora_nb.sandbox.embedders import Embedder
 
 class Slow(Embedder):
     name = "slow-test-model"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from weknora_nb.sandbox import build_index, demo_dir, load_demo_versions
-from weknora_nb.sandbox import engine as engine_module
-from weknora_nb.sandbox.engine import SandboxIndex
+from weknora_nb.sandbox import index as index_module
+from weknora_nb.sandbox.index import SandboxIndex
 from weknora_nb.sandbox.textutil import simple_tokens
 from weknora_nb.sandbox.tokencache import TokenCache, tokenizer_version
 from weknora_nb.sandbox.tokenize import tokenize
@@ -136,8 +136,8 @@ def test_the_demo_seed_holds_every_text_the_demo_tokenizes(tmp_path, monkeypatch
     """A fresh machine's demo tokenizes nothing when its index is built: regenerate the seed with
     ``weknora-nb sandbox build --write-seed`` when this fails (a document, the chunking, the index texts or a
     tokenizer module changed)."""
-    counted = {name: Counting(fn) for name, fn in engine_module._TOKENIZERS.items()}
-    monkeypatch.setattr(engine_module, "_TOKENIZERS", counted)
+    counted = {name: Counting(fn) for name, fn in index_module._TOKENIZERS.items()}
+    monkeypatch.setattr(index_module, "_TOKENIZERS", counted)
     index = build_index(cache_dir=tmp_path)   # a cache folder of its own: everything from the seed
     for version in load_demo_versions().values():
         index.warm(version)
@@ -145,7 +145,7 @@ def test_the_demo_seed_holds_every_text_the_demo_tokenizes(tmp_path, monkeypatch
         "the demo's token seed lacks texts: run `weknora-nb sandbox build --write-seed`"
     assert not list(tmp_path.glob("tokens-*"))
     for name, texts in index._tokenized().items():   # a sample of the seed's tokens against the tokenizer's
-        fn = engine_module._TOKENIZERS[name].fn
+        fn = index_module._TOKENIZERS[name].fn
         sample = texts[::max(1, len(texts) // 40)]
         seeded = TokenCache(None, name, fn, demo_dir() / "cache").tokens(sample)
         assert seeded == [sorted(fn(t)) if name == "simple" else fn(t) for t in sample], name

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests import test_fixture_seeds as fs
-    from weknora_nb.sandbox.engine import EMBEDDERS, Embedder
+    from weknora_nb.sandbox.embedders import EMBEDDERS, Embedder
 
     if args.record:
         record(fs.SEED_QUERIES)
@@ -93,7 +93,8 @@ def pytest_configure(config: Any) -> None:
     if not path:
         return
     from tests.test_fixture_seeds import seed_of
-    from weknora_nb.sandbox.engine import Embedder, SandboxIndex
+    from weknora_nb.sandbox.embedders import Embedder
+    from weknora_nb.sandbox.index import SandboxIndex
 
     def log(emb: Embedder, texts: list[str]) -> None:
         seed = getattr(emb, "_recorded_seed", None)

@@ -188,7 +188,7 @@ def base_url(text: str) -> str:
 def faults(text: str) -> dict[str, Any]:
     """An argparse ``type`` for the sandbox's faults: a JSON object of fault settings, each checked by
     ``FaultConfig.from_dict`` (a rate in [0, 1], any other number in its range, ``seed`` an integer or null)."""
-    from weknora_nb.sandbox.server import FaultConfig
+    from weknora_nb.sandbox.faults import FaultConfig
 
     example = '{"latency_ms": 50, "error_rate": 0.05}'
     try:

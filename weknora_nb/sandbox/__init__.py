@@ -2,7 +2,8 @@
 
 The names below are imported when first used, so that reading a light module of the sandbox
 (``weknora_nb.sandbox.emulation``, for the CLI's ``--weknora-version`` choices) loads neither the
-models nor the HTTP server.
+models, Postgres nor the HTTP server. Inside the sandbox, modules import each other by their own module
+names, never these.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Chunk": "weknora_nb.sandbox.chunking", "chunk_corpus": "weknora_nb.sandbox.chunking",
     "chunk_markdown": "weknora_nb.sandbox.chunking",
-    "ModelMissingError": "weknora_nb.sandbox.engine", "RetrievalEngine": "weknora_nb.sandbox.engine",
-    "SandboxIndex": "weknora_nb.sandbox.engine", "VersionConfig": "weknora_nb.sandbox.engine",
-    "load_versions": "weknora_nb.sandbox.engine", "NegativeMatchCount": "weknora_nb.sandbox.engine",
-    "PipelineSettings": "weknora_nb.sandbox.engine", "CONVERSATION_SETTINGS": "weknora_nb.sandbox.engine",
+    "VersionConfig": "weknora_nb.sandbox.versions", "load_versions": "weknora_nb.sandbox.versions",
+    "ModelMissingError": "weknora_nb.sandbox.embedders", "SandboxIndex": "weknora_nb.sandbox.index",
+    "RetrievalEngine": "weknora_nb.sandbox.engine", "NegativeMatchCount": "weknora_nb.sandbox.engine",
+    "PipelineSettings": "weknora_nb.sandbox.pipeline", "CONVERSATION_SETTINGS": "weknora_nb.sandbox.pipeline",
     "DEFAULT_KB_ID": "weknora_nb.sandbox.runner", "DEFAULT_FAQ_KB_ID": "weknora_nb.sandbox.runner",
     "SandboxServer": "weknora_nb.sandbox.runner",
     "build_index": "weknora_nb.sandbox.runner", "demo_dir": "weknora_nb.sandbox.runner",
@@ -35,18 +36,12 @@ __all__ = ["CONVERSATION_SETTINGS", "Chunk", "DEFAULT_FAQ_KB_ID", "DEFAULT_KB_ID
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from weknora_nb.sandbox.chunking import Chunk, chunk_corpus, chunk_markdown
+    from weknora_nb.sandbox.embedders import ModelMissingError
     from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelease
-    from weknora_nb.sandbox.engine import (
-        CONVERSATION_SETTINGS,
-        ModelMissingError,
-        NegativeMatchCount,
-        PipelineSettings,
-        RetrievalEngine,
-        SandboxIndex,
-        VersionConfig,
-        load_versions,
-    )
+    from weknora_nb.sandbox.engine import NegativeMatchCount, RetrievalEngine
     from weknora_nb.sandbox.faults import FaultConfig
+    from weknora_nb.sandbox.index import SandboxIndex
+    from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, PipelineSettings
     from weknora_nb.sandbox.runner import (
         DEFAULT_FAQ_KB_ID,
         DEFAULT_KB_ID,
@@ -56,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_demo_versions,
     )
     from weknora_nb.sandbox.server import SandboxApp, create_app
+    from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 
 def __getattr__(name: str) -> Any:

@@ -41,10 +41,6 @@ from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.wire import FORBIDDEN, app_error, bare_error
 
-__all__ = ["ApiKey", "Principal", "KeyRing", "AuthMiddleware", "TENANT_ID", "FIRST_USER_ID", "CAPABILITIES",
-           "RETRIEVE", "CHAT", "MESSAGE_HISTORY", "MANAGE_TENANT_SETTINGS", "MANAGE_VECTOR_STORES", "principal_of",
-           "gate", "refuse_kbs", "refuse_targets"]
-
 log = logging.getLogger(__name__)
 
 #: the sandbox's one tenant (workspace)

@@ -17,9 +17,8 @@ from typing import Any
 from weknora_nb.sandbox.auth import TENANT_ID
 from weknora_nb.sandbox.chunking import MAX_CHARS, index_text
 from weknora_nb.sandbox.emulation import WeKnoraRelease
-from weknora_nb.sandbox.engine import Hit, RetrievalEngine
-
-__all__ = ["Catalog", "KnowledgeBase", "go_time", "go_html_escape"]
+from weknora_nb.sandbox.engine import RetrievalEngine
+from weknora_nb.sandbox.pipeline import Hit
 
 _EPOCH = datetime(2025, 1, 6, 9, 0, 0, tzinfo=UTC)
 _HTML_ESCAPES = (("&", "&amp;"), ("'", "&#39;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&#34;"))

@@ -3,8 +3,8 @@
 - Sessions (C58, C59): created with 201 from a body of ``title`` / ``description`` only (an empty
   body is a 400), owned by the caller (``user_id``, C82), and deleted (``{"success": true,
   "message": ...}``, C10) within the caller's scope. They are kept until deleted, as WeKnora keeps
-  them. Reading them (get, list, load) is :mod:`.history`'s, over these sessions and the
-  generated history it adds on first use (:meth:`Conversations.load_history`).
+  them. Reading them (get, list, load) is :mod:`.session_routes`', over these sessions and the
+  generated history (:mod:`.history`) added on first use (:meth:`Conversations.load_history`).
 - knowledge-chat (C60-C66): the SSE stream ``event:message\\ndata:<json>\\n\\n`` (C62) of
   ``agent_query``, ``references`` (before the answer; at v0.6.2 after its first piece, C64),
   ``answer`` pieces, a closing ``answer`` with ``done`` true, ``complete``; inline ``<kb .../>``
@@ -37,8 +37,6 @@ from weknora_nb.sandbox.catalog import go_html_escape, go_time
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.tokenize import tokenize
 from weknora_nb.sandbox.wire import NOT_FOUND, Field, app_error, bind_request, go_json, ok
-
-__all__ = ["Conversations", "ChatSearch", "Session", "go_time_nano", "in_scope"]
 
 #: knowledge-chat's retrieval: (query, KB ids, knowledge ids) -> the references, as search results (C22)
 ChatSearch = Callable[[str, list[str], list[str]], list[dict[str, Any]]]

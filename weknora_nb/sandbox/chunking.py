@@ -34,10 +34,6 @@ from typing import Any
 
 from weknora_nb.core.errors import InputError, Problem
 
-__all__ = ["Chunk", "FaqEntry", "chunk_markdown", "chunk_corpus", "load_faq", "corpus_chunks", "index_text",
-           "faq_index_texts", "faq_answer_content", "MAX_CHARS", "FAQ_FILE", "FAQ_INDEX_MODES",
-           "FAQ_QUESTION_INDEX_MODES"]
-
 #: where a data folder keeps its FAQ entries (one JSON object a line)
 FAQ_FILE = Path("faq") / "faq.jsonl"
 

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
     from weknora_nb.sandbox.engine import RetrievalEngine
 
-__all__ = ["EmbeddingsEndpoint", "MAX_INPUTS"]
 
 #: inputs per request (OpenAI's limit is 2048)
 MAX_INPUTS = 2048

@@ -11,8 +11,6 @@ from typing import Any
 
 from weknora_nb.core.errors import UsageError
 
-__all__ = ["WeKnoraRelease", "RELEASES", "DEFAULT_RELEASE", "release"]
-
 
 @dataclass(frozen=True)
 class WeKnoraRelease:

@@ -29,8 +29,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox.wire import TOO_MANY_REQUESTS, app_error, internal_error
 
-__all__ = ["FaultConfig", "FaultInjector", "FaultMiddleware", "MALFORMED_BODY", "request_key"]
-
 #: the body of an injected malformed response: a 200 whose JSON stops mid-string
 MALFORMED_BODY = b'{"success": true, "data": [{"id": "'
 

@@ -48,8 +48,6 @@ from starlette.responses import JSONResponse, Response
 
 from weknora_nb.sandbox.auth import KeyRing
 
-__all__ = ["MODEL", "RuleJudge", "units", "judge_scores", "judge_pair"]
-
 MODEL = "sandbox-rule-judge"
 _HAN_RUN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
 _ASCII = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")

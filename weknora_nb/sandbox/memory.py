@@ -11,8 +11,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["AnswerMemory"]
-
 V = TypeVar("V")
 
 

@@ -31,8 +31,6 @@ from typing import Any
 from weknora_nb.core.errors import SandboxError
 from weknora_nb.sandbox.pgvector import ensure_runnable
 
-__all__ = ["PgCluster", "cluster", "cluster_dir", "PG_DIR_ENV", "UNUSED_FOR"]
-
 log = logging.getLogger(__name__)
 
 PG_DIR_ENV = "WEKNORA_NB_PG_DIR"

@@ -4,7 +4,7 @@ C89-C92).
 One database per index build (:func:`database_name`: the embedding model, the HNSW ``m`` /
 ``ef_construction``, the session's ``ef_search``, the FAQ knowledge base's index entries, the
 knowledge-base ids, the seeded integrity faults and the vectors themselves), filled from a
-:class:`~weknora_nb.sandbox.engine.SandboxIndex` and kept in the cluster for the next process.
+:class:`~weknora_nb.sandbox.index.SandboxIndex` and kept in the cluster for the next process.
 
 What the database holds, as WeKnora writes it (C70, C71, C89, C90):
 
@@ -39,7 +39,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -48,9 +48,8 @@ from weknora_nb.sandbox.auth import TENANT_ID
 from weknora_nb.sandbox.pgcluster import cluster
 
 if TYPE_CHECKING:
-    from weknora_nb.sandbox.engine import SandboxIndex, VersionConfig
-
-__all__ = ["VectorStore", "database_name", "expanded_top_k", "ef_search_for", "halfvec_text", "SCHEMA_SQL"]
+    from weknora_nb.sandbox.chunking import Chunk
+    from weknora_nb.sandbox.versions import VersionConfig
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,24 @@ def ef_search_for(top_k: int) -> int:
 
 def halfvec_text(vector: np.ndarray) -> str:
     """A vector as pgvector's text form ``[x,y,...]``: each float32 in the shortest text that reads back to it
-    (orjson: 9 us for 512 values, where Python's float repr took 230 us), which halfvec rounds on input."""
+    (orjson's, much faster than Python's float repr), which halfvec rounds on input."""
     return orjson.dumps(np.ascontiguousarray(vector, dtype=np.float32), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+class IndexRows(Protocol):
+    """What a store is filled from (:class:`weknora_nb.sandbox.index.SandboxIndex`): the chunks, the rows of each
+    vector index with their texts and embeddings."""
+
+    chunks: list[Chunk]
+    by_id: dict[str, int]
+
+    def positions(self, kb_type: str) -> list[int]: ...
+
+    def rows(self, kind: str) -> list[int]: ...
+
+    def row_vectors(self, model: str, kind: str) -> np.ndarray: ...
+
+    def texts(self, role: str) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +111,7 @@ def database_name(version: VersionConfig, kb_ids: dict[str, str], vectors_digest
 class VectorStore:
     """One version's vector index in Postgres: built on first use, searched per query (a connection per thread)."""
 
-    def __init__(self, index: SandboxIndex, version: VersionConfig, kb_ids: dict[str, str]):
+    def __init__(self, index: IndexRows, version: VersionConfig, kb_ids: dict[str, str]):
         self.index = index
         self.version = version
         self.kb_ids = dict(kb_ids)  # engine kind (document / faq) -> knowledge base id

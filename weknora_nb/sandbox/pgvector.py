@@ -34,10 +34,7 @@ import tempfile
 from pathlib import Path
 
 from weknora_nb.core.errors import SandboxError
-from weknora_nb.core.files import atomic_path, waiting_lock
-
-__all__ = ["X86_64_V4", "PGVECTOR_VERSION", "PGVECTOR_SHA256", "PG18_EDITS", "cpu_flags", "runs_shipped_build",
-           "pginstall_dir", "ensure_runnable", "build_portable", "SOURCE_ENV"]
+from weknora_nb.core.files import atomic_path, default_cache_dir, waiting_lock
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +153,7 @@ def _portable_in_place(lib: Path) -> bool:
 
 
 def _cache_dir() -> Path:
-    """The sandbox's cache folder (:func:`weknora_nb.sandbox.engine.default_cache_dir`)."""
-    from weknora_nb.sandbox.engine import default_cache_dir  # only when a build is needed: engine is heavy
-
+    """The sandbox's cache folder (:func:`weknora_nb.core.files.default_cache_dir`)."""
     return default_cache_dir()
 
 

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from weknora_nb.sandbox.chunking import Chunk, faq_answer_content
 from weknora_nb.sandbox.textutil import (
@@ -53,10 +53,10 @@ from weknora_nb.sandbox.textutil import (
 )
 
 if TYPE_CHECKING:
-    from weknora_nb.sandbox.engine import RetrievalEngine
+    import numpy as np
 
-__all__ = ["Hit", "PipelineSettings", "CONVERSATION_SETTINGS", "knowledge_search", "DIRECT_LOAD_MAX_CHUNKS",
-           "MMR_LAMBDA", "OVERLAP_DROP", "WIDEN_MIN", "WIDEN_MAX"]
+    from weknora_nb.sandbox.emulation import WeKnoraRelease
+    from weknora_nb.sandbox.index import SandboxIndex
 
 #: C33: direct load (v0.6.x) only while the named documents total at most this many chunks
 DIRECT_LOAD_MAX_CHUNKS = 50
@@ -133,6 +133,20 @@ CONVERSATION_SETTINGS = PipelineSettings(embedding_top_k=30, vector_threshold=0.
                                          rrf_keyword_weight=0.3, rerank=False)
 
 
+class SearchEngine(Protocol):
+    """What the pipeline runs on (:class:`weknora_nb.sandbox.engine.RetrievalEngine`): an index, the release it
+    behaves as, its hybrid search and its rerank model."""
+
+    index: SandboxIndex
+    release: WeKnoraRelease
+
+    def primary_search(self, query: str, *, match_count: int, vector_threshold: float, keyword_threshold: float,
+                       kb_types: Sequence[str], n_kbs: int, rrf: tuple[int, float, float],
+                       knowledge_ids: Sequence[str] | None = None) -> list[Hit]: ...
+
+    def rerank_scores(self, query: str, idxs: Sequence[int]) -> np.ndarray: ...
+
+
 @dataclass
 class _Result:
     """A result inside the pipeline (WeKnora's ``SearchResult``, mutated step by step as WeKnora does)."""
@@ -152,7 +166,7 @@ class _Result:
                    list(self.sub_chunk_ids), self.text.s if self.rewritten else None)
 
 
-def _results(engine: RetrievalEngine, hits: Sequence[Hit]) -> list[_Result]:
+def _results(engine: SearchEngine, hits: Sequence[Hit]) -> list[_Result]:
     chunks = engine.index.chunks
     return [_Result(h.idx, chunks[h.idx], h.score, h.match_type, Text.of(chunks[h.idx].content)) for h in hits]
 
@@ -160,7 +174,7 @@ def _results(engine: RetrievalEngine, hits: Sequence[Hit]) -> list[_Result]:
 # ---------------------------------------------------------------------------------------
 # the pipeline
 # ---------------------------------------------------------------------------------------
-def knowledge_search(engine: RetrievalEngine, query: str, *, settings: PipelineSettings,
+def knowledge_search(engine: SearchEngine, query: str, *, settings: PipelineSettings,
                      knowledge_ids: Sequence[str] | None = None, rerank_fails: bool = False,
                      kb_types: Sequence[str] | None = None) -> list[Hit]:
     """The four stages on ``query`` (see the module docstring); ``[]`` when a stage finds nothing (C31).
@@ -184,7 +198,7 @@ def knowledge_search(engine: RetrievalEngine, query: str, *, settings: PipelineS
     return [r.hit() for r in _filter_top_k(merged, settings.rerank_top_k, engine.release.sort_before_top_k)]
 
 
-def _chunk_search(engine: RetrievalEngine, query: str, settings: PipelineSettings,
+def _chunk_search(engine: SearchEngine, query: str, settings: PipelineSettings,
                   knowledge_ids: Sequence[str] | None, kb_types: Sequence[str] | None) -> tuple[list[_Result], bool]:
     """CHUNK_SEARCH: the candidates, and whether documents were searched on their own (C32, C33)."""
     whole = tuple(kb_types) if kb_types is not None else (() if knowledge_ids else ("document",))
@@ -203,7 +217,7 @@ def _chunk_search(engine: RetrievalEngine, query: str, settings: PipelineSetting
     return out, bool(by_kb)
 
 
-def _knowledge_target(engine: RetrievalEngine, query: str, settings: PipelineSettings, kb: str,
+def _knowledge_target(engine: SearchEngine, query: str, settings: PipelineSettings, kb: str,
                       kids: list[str]) -> list[_Result]:
     """One knowledge base's named documents: v0.7.2+ a restricted search with thresholds 0/0; v0.6.x a
     direct load of whole documents while they total <= 50 chunks, the rest searched (C33)."""
@@ -226,7 +240,7 @@ def _knowledge_target(engine: RetrievalEngine, query: str, settings: PipelineSet
         kb_types=(kb,), n_kbs=1, rrf=settings.rrf, knowledge_ids=kids))
 
 
-def _chunk_rerank(engine: RetrievalEngine, query: str, found: list[_Result], settings: PipelineSettings,
+def _chunk_rerank(engine: SearchEngine, query: str, found: list[_Result], settings: PipelineSettings,
                   floor: float, fails: bool) -> tuple[list[_Result], list[_Result]] | None:
     """CHUNK_RERANK: (reranked, candidates), or None when the stage finds nothing (C35-C40).
 
@@ -256,7 +270,7 @@ def _above_threshold(ranked: list[tuple[int, float]], threshold: float, floor: f
     return kept
 
 
-def _rescored(engine: RetrievalEngine, r: _Result, model: float) -> _Result:
+def _rescored(engine: SearchEngine, r: _Result, model: float) -> _Result:
     """``r`` with base = its retrieval score, the model score, and the C38 composite as its score.
 
     ``clamp01((0.6 model + 0.3 base + 0.1 w) p)`` with source weight w = 1 (no web search) and,
@@ -270,7 +284,7 @@ def _rescored(engine: RetrievalEngine, r: _Result, model: float) -> _Result:
     return r
 
 
-def _mmr(engine: RetrievalEngine, results: list[_Result], k: int) -> list[_Result]:
+def _mmr(engine: SearchEngine, results: list[_Result], k: int) -> list[_Result]:
     """Maximal marginal relevance (C40): repeatedly the result maximising ``0.7 score - 0.3 max Jaccard``
     to those already chosen (first one on ties), ``k`` of them, in selection order."""
     if k <= 0 or not results:
@@ -291,7 +305,7 @@ def _mmr(engine: RetrievalEngine, results: list[_Result], k: int) -> list[_Resul
 # ---------------------------------------------------------------------------------------
 # CHUNK_MERGE
 # ---------------------------------------------------------------------------------------
-def _chunk_merge(engine: RetrievalEngine, results: list[_Result]) -> list[_Result]:
+def _chunk_merge(engine: SearchEngine, results: list[_Result]) -> list[_Result]:
     """CHUNK_MERGE (chat_pipeline/merge.go:44-97): dedupe, merge neighbours, FAQ answers, widen short
     results, merge again, dedupe, drop partial overlaps (C41, C42)."""
     sort_after = engine.release.sort_before_top_k  # v0.7.2+ sort after grouping (merge.go:206)
@@ -360,7 +374,7 @@ def _merge_sequential(members: list[_Result]) -> list[_Result]:
     return groups
 
 
-def _widen(engine: RetrievalEngine, results: list[_Result]) -> list[_Result]:
+def _widen(engine: SearchEngine, results: list[_Result]) -> list[_Result]:
     """``expandShortContextWithNeighbors`` (chat_pipeline/merge_expand.go:11-246 @ v0.7.2): a ``text``
     result shorter than 350 characters becomes its chunk with the previous and next chunks of its
     document, one more on each side (previous first) while shorter than 350, cut at 850."""

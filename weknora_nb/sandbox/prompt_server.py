@@ -2,7 +2,7 @@
 
 uvicorn's :class:`uvicorn.Server` notices ``should_exit`` at its next tick (its main loop sleeps 0.1 s between
 ticks), then gives open connections 0.1 s to take their shutdown notice, whether or not any is open. A sandbox
-started and stopped by every test, demo version and notebook paid about 0.15 s per stop for those two waits.
+is started and stopped by every test, demo version and notebook, and each stop would wait for both.
 :class:`PromptServer` keeps uvicorn's behaviour and takes out the waits that hold nothing:
 
 - :meth:`PromptServer.stop_soon` (from any thread) sets ``should_exit`` and wakes the main loop, which then runs
@@ -18,8 +18,6 @@ import contextlib
 import socket
 
 import uvicorn
-
-__all__ = ["PromptServer"]
 
 #: uvicorn's tick: the main loop's wait between two looks at its state (seconds)
 TICK_S = 0.1

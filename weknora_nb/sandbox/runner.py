@@ -25,29 +25,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weknora_nb.core.errors import SandboxError, UsageError
+from weknora_nb.core.files import default_cache_dir
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.sandbox.auth import ApiKey
 from weknora_nb.sandbox.chunking import corpus_chunks
 from weknora_nb.sandbox.emulation import WeKnoraRelease, release
-from weknora_nb.sandbox.engine import (
-    DEFAULT_KB_IDS,
-    RetrievalEngine,
-    SandboxIndex,
-    VersionConfig,
-    default_cache_dir,
-    load_versions,
-)
+from weknora_nb.sandbox.engine import RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig
 from weknora_nb.sandbox.history import demo_plan
+from weknora_nb.sandbox.index import DEFAULT_KB_IDS, SandboxIndex
 from weknora_nb.sandbox.pgcluster import cluster
 from weknora_nb.sandbox.server import SandboxApp, check_loopback
+from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from weknora_nb.sandbox.prompt_server import PromptServer
 
-__all__ = ["SandboxServer", "demo_dir", "build_index", "load_demo_versions", "DEFAULT_KB_ID", "DEFAULT_FAQ_KB_ID"]
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
   ``GET /api/v1/system/info``, ``GET /api/v1/tenants/kv/{key}`` (C48-C57)
 - ``POST /api/v1/sessions``, ``DELETE /api/v1/sessions/{id}``, ``POST /api/v1/knowledge-chat/{id}``,
   ``POST /api/v1/messages/search`` (C58-C69, C88, :mod:`.chat`); ``GET /api/v1/sessions``, ``GET
-  /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87, :mod:`.history`,
-  over the server's sessions and the generated history of ``history``, made on first use)
+  /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87,
+  :mod:`.session_routes`, over the server's sessions and the generated history of ``history``, made on first use)
 - ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
   (:mod:`.judge`; not a WeKnora route)
 - ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
@@ -56,11 +56,13 @@ from weknora_nb.sandbox.chat import Conversations, Session
 from weknora_nb.sandbox.embeddings_api import EmbeddingsEndpoint
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.emulation import release as named_release
-from weknora_nb.sandbox.engine import CONVERSATION_SETTINGS, Hit, NegativeMatchCount, RetrievalEngine
+from weknora_nb.sandbox.engine import NegativeMatchCount, RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddleware
-from weknora_nb.sandbox.history import HistoryPlan, HistoryRoutes, materialise
+from weknora_nb.sandbox.history import HistoryPlan, materialise
 from weknora_nb.sandbox.judge import RuleJudge
 from weknora_nb.sandbox.memory import AnswerMemory
+from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit
+from weknora_nb.sandbox.session_routes import HistoryRoutes
 from weknora_nb.sandbox.wire import (
     BAD_REQUEST,
     INTERNAL,
@@ -75,9 +77,6 @@ from weknora_nb.sandbox.wire import (
     panic_body,
     route_not_found,
 )
-
-__all__ = ["FaultConfig", "FaultInjector", "AnswerMemory", "AuthMiddleware", "FaultMiddleware", "SandboxApp",
-           "create_app", "check_loopback", "SEARCH_CACHE_SIZE"]
 
 log = logging.getLogger(__name__)
 

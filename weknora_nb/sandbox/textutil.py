@@ -31,10 +31,6 @@ from functools import lru_cache
 
 from weknora_nb.core.segmenter import jieba_ready
 
-__all__ = ["simple_tokens", "jaccard", "overlap_ratio", "normalize_content", "content_signature",
-           "contains_chunk_content", "join_chunk_content", "clean_passage", "Text", "join_texts", "truncate_text",
-           "MIN_OVERLAP_RUNES", "SEARCH_SPAN"]
-
 #: chunkmerge.go: the shortest suffix/prefix overlap that counts, and the longest one looked for
 MIN_OVERLAP_RUNES = 12
 SEARCH_SPAN = 400

@@ -2,8 +2,8 @@
 
 Every process that serves a sandbox builds its BM25 corpora (:func:`~weknora_nb.sandbox.tokenize.tokenize`)
 and MMR's token sets (:func:`~weknora_nb.sandbox.textutil.simple_tokens`) from the chunks' texts with
-jieba, which is pure Python: about 2 s for the demo's knowledge bases, paid again by each of the demo's
-worker processes and each test process. :class:`TokenCache` keeps each text's tokens in
+jieba, which is pure Python and slow, paid again by each of the demo's worker processes and each test
+process. :class:`TokenCache` keeps each text's tokens in
 ``<cache folder>/tokens-<tokenizer>-<version>.json`` (keyed by the SHA-256 of the text), so a
 text is tokenized once per cache folder.
 
@@ -30,8 +30,6 @@ from pathlib import Path
 import orjson
 
 from weknora_nb.core.files import atomic_path
-
-__all__ = ["TokenCache", "tokenizer_version"]
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,6 @@ import re
 
 from weknora_nb.core.segmenter import jieba_ready
 
-__all__ = ["tokenize"]
-
 _ASCII = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
 _PARTS = re.compile(r"[A-Za-z]+|\d+")
