@@ -20,3 +20,21 @@ def test_import_is_light():
             "print(sorted(heavy & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_public_names_score_a_run_end_to_end(tmp_path):
+    """The namespace is enough to score: the example test set and results, read, scored, written back."""
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "data" / "examples"
+    ts = weknora_nb.load_testset(examples / "testset.jsonl")
+    results = weknora_nb.read_results(examples / "results.jsonl")
+    scores = weknora_nb.score(ts, results, ["ndcg@5", "recall@10"])
+    assert set(scores.summary["metric"]) == {"ndcg@5", "recall@10"}
+    again = weknora_nb.score_files(examples / "testset.jsonl", examples / "results.jsonl", ["ndcg@5", "recall@10"])
+    assert again.summary.equals(scores.summary)
+    assert weknora_nb.tier("ndcg@5", 0.9) == "excellent"
+    assert callable(weknora_nb.run_checks) and callable(weknora_nb.render_report)
+    from weknora_nb.collect import collect
+
+    assert callable(collect)

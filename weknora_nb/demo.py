@@ -49,9 +49,6 @@ from weknora_nb.reports.index_page import write_overview
 from weknora_nb.reports.render import Report, ReportRequest, render_reports
 from weknora_nb.sandbox import SandboxServer, VersionConfig, build_index, demo_dir, load_demo_versions
 
-__all__ = ["DemoResult", "run_demo", "demo_testset", "VersionJob", "measure_version", "measure_versions",
-           "DEMO_STAGES", "FAQ_STAGES", "JUDGED_VERSIONS"]
-
 log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
 #: a version with an FAQ knowledge base measures that base on its own test set (no keyword path there, C20)

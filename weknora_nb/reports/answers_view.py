@@ -21,9 +21,6 @@ from weknora_nb.core.run import ANSWERS, Run
 from weknora_nb.reports import safe
 from weknora_nb.reports.figures import _done, figure_style
 
-__all__ = ["AnswersView", "open_answers", "judge_line", "scores_table", "score_distributions", "by_type",
-           "citations", "reordered", "worst", "stability_table", "failures", "cost"]
-
 
 @dataclass
 class AnswersView:

@@ -24,9 +24,6 @@ from weknora_nb.core.pipeline import HEADLINE_METRIC
 from weknora_nb.core.run import ANSWERS
 from weknora_nb.reports import evidence_figures, safe
 
-__all__ = ["headline_metric", "effect_sizes", "margins", "noise", "group_gains", "recommend_groups", "versions",
-           "ranking", "coverage", "answers", "answers_by_type", "judge_note"]
-
 
 def headline_metric(cmp: Comparison) -> str:
     """The metric these views use: the headline metric when it was compared, else the first compared."""

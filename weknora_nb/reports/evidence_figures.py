@@ -21,8 +21,6 @@ from weknora_nb.analysis.groups import LOSES, PAYS, SMALL_GAIN, GroupGains
 from weknora_nb.analysis.stats import bootstrap_ci
 from weknora_nb.reports.figures import figure_style
 
-__all__ = ["versions_chart", "group_gain_chart", "VERSION_METRICS"]
-
 #: the families the side-by-side chart shows, and the metric it prefers for each
 VERSION_METRICS = (("ndcg", "ndcg@5"), ("mrr", "mrr@20"), ("hit", "hit@5"))
 _VERDICT_COLOURS = {PAYS: "#1a9850", SMALL_GAIN: "#91cf60", LOSES: "#d73027"}

@@ -28,9 +28,6 @@ from matplotlib import font_manager
 from weknora_nb.core.pipeline import stage_order
 from weknora_nb.reports.tables import TIER_COLOURS
 
-__all__ = ["use_cjk_font", "figure_style", "describe", "metric_bars", "recall_funnel", "distributions", "heatmap",
-           "cause_bars", "delta_bars", "paired_scatter", "latency_cdf", "log_scale"]
-
 log = logging.getLogger(__name__)
 _SYSTEM_CJK = ("Noto Sans CJK SC", "Noto Sans SC", "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Source Han Sans SC",
                "SimHei", "Microsoft YaHei", "PingFang SC")

@@ -37,8 +37,6 @@ from weknora_nb.core.labels import GRADES, LabelsLog, latest
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["GRADE_MEANINGS", "KEYS", "Item", "Progress", "LabellingSession", "LabellingWidget", "read_worksheet",
-           "query_terms", "highlight"]
 
 log = logging.getLogger(__name__)
 

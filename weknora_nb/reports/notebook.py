@@ -33,11 +33,6 @@ from weknora_nb.reports import safe
 from weknora_nb.reports.cache import cached, cached_run, derived_key, file_digest, use_in_this_kernel
 from weknora_nb.reports.tables import all_stages, failure_lines, html_table, report_stage
 
-__all__ = ["open_run", "open_collection", "describe", "manifest_table", "request_counts", "stage_latencies",
-           "warnings_note", "settings_note", "excluded_table", "choose", "text", "bullets", "table", "show_html",
-           "failure_note", "unless_failed", "stratify", "label_coverage", "traffic_weighted", "integrity_findings",
-           "integrity_note", "broken_labels", "drilldown"]
-
 
 def describe(run: Run, stage: str | None = None) -> str:
     """One line: the run's name, its stages, its test set's hash and (when given) the focus stage."""

@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from pandas.io.formats.style import Styler
 
-__all__ = ["esc", "table", "styled", "text", "bullets", "href"]
-
 
 def esc(value: Any) -> str:
     """``value`` as text that HTML shows literally (in an element or a quoted attribute)."""

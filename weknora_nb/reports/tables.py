@@ -24,8 +24,6 @@ from weknora_nb.reports.safe import esc
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
 
-__all__ = ["TIER_COLOURS", "metric_table", "style_tiers", "html_table", "drilldown_html", "counts_table",
-           "failed_stages", "failure_lines", "all_stages", "report_stage"]
 
 #: background colour of each acceptance tier in tables (and bar edges in figures)
 TIER_COLOURS = {"excellent": "#1a9850", "good": "#91cf60", "pass": "#fee08b", "fail": "#f46d43"}

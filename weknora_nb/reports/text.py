@@ -6,8 +6,6 @@ import pandas as pd
 
 from weknora_nb.core.scoring import Counts, Scores
 
-__all__ = ["format_scores"]
-
 #: invalid query ids listed before "(+N more)"
 MAX_IDS_SHOWN = 20
 

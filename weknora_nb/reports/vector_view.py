@@ -22,8 +22,6 @@ from weknora_nb.core.run import VECTOR_TRACE_SUMMARY
 from weknora_nb.reports import safe
 from weknora_nb.reports.figures import _done, _fig, log_scale
 
-__all__ = ["read_trace_summary", "vector_store_table", "ef_sweep"]
-
 
 def read_trace_summary(run_dir: str | Path) -> dict[str, Any] | None:
     """The run folder's ``vector_trace.json``, or None when no trace was written there."""
