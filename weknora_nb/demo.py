@@ -113,7 +113,7 @@ def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool,
     whose log records reach this process's handlers; the progress bar counts finished versions. The first
     version to fail stops those not yet started and its error is raised once the running ones end (what they
     collected is in their checkpoints: a rerun resumes it). ``before`` runs here first (the demo's index
-    build), while the workers start and import what they run (:func:`_ready_worker`: 0.8 s each).
+    build), while the workers start and import what they run (:func:`_ready_worker`).
     """
     if workers <= 1 or len(jobs) <= 1:
         if before is not None:
@@ -137,7 +137,7 @@ def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool,
             return [f.result() for f in futures]
         finally:
             # every version has ended (or never started): the workers exit on their own, their interpreters'
-            # teardown (about 0.5 s each) overlapping what comes next instead of being waited for
+            # teardown overlapping what comes next instead of being waited for
             pool.shutdown(wait=False, cancel_futures=True)
 
 

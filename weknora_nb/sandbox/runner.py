@@ -39,9 +39,8 @@ from weknora_nb.sandbox.server import SandboxApp, check_loopback
 from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 if TYPE_CHECKING:
+    import uvicorn
     from starlette.applications import Starlette
-
-    from weknora_nb.sandbox.prompt_server import PromptServer
 
 
 log = logging.getLogger(__name__)
@@ -190,7 +189,7 @@ class SandboxServer:
         self.show_progress = show_progress
         self.sandbox: SandboxApp | None = None
         self.app: Starlette | None = None
-        self._server: PromptServer | None = None
+        self._server: uvicorn.Server | None = None
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -212,8 +211,6 @@ class SandboxServer:
         """Bind the port, build the index (once per process) and serve; returns once the server listens."""
         import uvicorn
 
-        from weknora_nb.sandbox.prompt_server import PromptServer
-
         self._socket = bind_socket(self.host, self.port)
         self.port = self._socket.getsockname()[1]
         try:
@@ -231,7 +228,7 @@ class SandboxServer:
             self.app = self.sandbox.app
             config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=1, lifespan="off")
-            self._server = PromptServer(config)
+            self._server = uvicorn.Server(config)
             self._failure = None
             self._thread = threading.Thread(target=self._serve, args=(self._server, self._socket),
                                             name=f"sandbox-{self.version.name}", daemon=True)
@@ -243,14 +240,14 @@ class SandboxServer:
         log.info("sandbox version %r serving on %s as WeKnora %s", self.version.name, self.base_url, self.release.name)
         return self
 
-    def _serve(self, server: PromptServer, sock: socket.socket) -> None:
+    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
         """The server thread: serve on ``sock`` until stopped, keeping what ended a failed start."""
         try:
             server.run(sockets=[sock])
         except (Exception, SystemExit) as exc:  # uvicorn ends a failed start-up with SystemExit
             self._failure = exc
 
-    def _wait_started(self, server: PromptServer, thread: threading.Thread, timeout_s: float) -> None:
+    def _wait_started(self, server: uvicorn.Server, thread: threading.Thread, timeout_s: float) -> None:
         """Return once ``server`` listens; :class:`SandboxError` if its thread ended or ``timeout_s`` passed."""
         deadline = time.monotonic() + timeout_s
         while not server.started:
@@ -276,7 +273,7 @@ class SandboxServer:
             cluster().drop_role(dbname, role)
         self._roles.clear()
         if self._server is not None:
-            self._server.stop_soon()
+            self._server.should_exit = True   # uvicorn's way to stop a server: its main loop sees it at its next tick
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._socket is not None:
