@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -133,10 +132,6 @@ def page(tmp_path: Path, name: str, code: str, cache: Path | None = None) -> _Pa
     return _Page(name, nb, {}, tmp_path / f"{name}.ipynb", tmp_path / f"{name}.html", tmp_path, False, cache, 1.0)
 
 
-def private_kernel_folders() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("weknora-nb-kernel-*")}
-
-
 @pytest.mark.slow
 def test_each_notebook_runs_in_a_new_kernel_and_leaves_no_private_folder(tmp_path, monkeypatch):
     """A page that changes its kernel (names, matplotlib's settings, the environment, the module path, the working
@@ -144,15 +139,16 @@ def test_each_notebook_runs_in_a_new_kernel_and_leaves_no_private_folder(tmp_pat
     environment, and its private socket folder is gone once its page is written."""
     monkeypatch.delenv("WEKNORA_NB_CACHE", raising=False)
     cache = tmp_path / "cache"
-    before = private_kernel_folders()
-    _render_page(page(tmp_path, "leaks", LEAKS), "python3")
-    _render_page(page(tmp_path, "after", LOOKS, cache), "python3")
+    managers: list = []
+    _render_page(page(tmp_path, "leaks", LEAKS), "python3", managers.append)
+    _render_page(page(tmp_path, "after", LOOKS, cache), "python3", managers.append)
     shown = "".join(o.get("text", "") for o in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells[0].outputs)
     assert shown == f"False 10.0 None {tmp_path} False {cache}\n"
     leaks = nbformat.read(tmp_path / "leaks.ipynb", as_version=4).cells[0].outputs
     assert "".join(o.get("text", "") for o in leaks) == "None\n"   # no cache given: none in the kernel
     assert [c.execution_count for c in nbformat.read(tmp_path / "after.ipynb", as_version=4).cells] == [1, 2]
-    assert private_kernel_folders() <= before
+    folders = [Path(km.connection_file).parent for km in managers]
+    assert len(set(folders)) == 2 and all(f.name.startswith("weknora-nb-kernel-") and not f.exists() for f in folders)
 
 
 # ---------------------------------------------------------------------------------------
