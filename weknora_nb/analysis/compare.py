@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,19 @@ class Comparison:
         return out
 
 
+def _distinct_names(runs: list[Run]) -> list[Run]:
+    """``runs``, each known by a name of its own in the comparison: a name already taken by an earlier run (the
+    same folder twice, a copy of a run, runs of one name in two folders) becomes ``name#2``, ``name#3``..., as the
+    pool names them. The runs' folders and manifests on disk are left as they are."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in runs:
+        seen[r.name] = seen.get(r.name, 0) + 1
+        n = seen[r.name]
+        out.append(r if n == 1 else replace(r, manifest={**r.manifest, "run_name": f"{r.name}#{n}"}))
+    return out
+
+
 def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Iterable[str] | None
                      ) -> tuple[list[Run], list[str]]:
     """The runs, loaded, all on one test set, and what was done to get there.
@@ -149,7 +162,7 @@ def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Itera
     (:func:`weknora_nb.core.lineage.rescore_plan`); otherwise they cannot be compared and the
     error says why.
     """
-    runs = [p if isinstance(p, Run) else load_run(p, metrics=metrics) for p in paths]
+    runs = _distinct_names([p if isinstance(p, Run) else load_run(p, metrics=metrics) for p in paths])
     if len(runs) < 2:
         raise NotComparableError("a comparison needs at least two runs")
     if len({r.testset.hash for r in runs}) == 1:
@@ -163,7 +176,7 @@ def _comparable_runs(paths: Sequence[str | Path] | Sequence[Run], metrics: Itera
         raise NotComparableError(f"runs on different test sets cannot be compared ({listing}): {reasons}")
     newest = str(targets.pop())
     target = load_testset(newest)
-    runs = [load_run(r.path, testset=target, metrics=metrics, other_version=True) for r in runs]
+    runs = _distinct_names([load_run(r.path, testset=target, metrics=metrics, other_version=True) for r in runs])
     note = (f"The runs were scored on different versions of the test set ({listing}); all are re-scored on the "
             f"newest, {newest} ({target.hash[:19]}...): {plans[0][1]}.")
     return runs, [note]

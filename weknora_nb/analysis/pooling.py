@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from weknora_nb.analysis.worksheet import WORKSHEET_COLUMNS, blank
-from weknora_nb.core.errors import InputError, RunFolderError, UsageError, reading
+from weknora_nb.core.errors import InputError, NotComparableError, RunFolderError, UsageError, reading
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,6 +92,10 @@ def pool(testset: TestSet | str | Path, runs: Sequence[str | Path], *, depth: in
     failed = unknown = 0
     for name, folder in named:
         top, n_failed, n_unknown = _top_chunks(folder, known, depth)
+        if top.empty and n_unknown:
+            raise NotComparableError(f"--runs: {folder} holds no query of the test set "
+                                     f"{testset if isinstance(testset, (str, Path)) else 'given'} (its {n_unknown} "
+                                     "queries are others): it was collected with another test set")
         failed, unknown = failed + n_failed, unknown + n_unknown
         tops.append(top.assign(run=name))
         for cid, text in _inventory(folder).items():
@@ -143,7 +147,7 @@ def _top_chunks(folder: Path, known: set[str], depth: int) -> tuple[pd.DataFrame
     df = df.assign(rank=df.groupby(["query_id", "stage", "repeat"], sort=False).cumcount() + 1)
     df = df[df["rank"] <= depth]
     top = df.groupby(["query_id", "stage", "chunk_id"], sort=False, observed=True)["rank"].min().reset_index()
-    return top, failed, unknown
+    return top[["query_id", "stage", "chunk_id", "rank"]], failed, unknown
 
 
 def _inventory(folder: Path) -> dict[str, tuple[str, str]]:

@@ -124,7 +124,7 @@ def _keep_stages(rc: ResultCodes, stages: Iterable[str] | None
     """
     if stages is None:
         return rc, None, None
-    stages = list(stages)
+    stages = list(dict.fromkeys(stages))   # a stage named twice is that stage once
     present = np.zeros(len(rc.stages) + 1, bool)  # the last slot serves code -1
     present[rc.stage] = True
     held = _stage_order(rc.stages[present[:-1]])

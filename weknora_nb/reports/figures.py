@@ -218,8 +218,11 @@ def heatmap(table: pd.DataFrame, *, value: str = "mean", title: str = ""):
 
 def cause_bars(summary: pd.DataFrame):
     """Degraded queries by cause, one bar colour per stage; the figure grows with the causes and stages (0.06 in
-    per bar, at least 3.5 in) so that each bar stays readable."""
+    per bar, at least 3.5 in) so that each bar stays readable. None when no query is degraded (nothing to draw;
+    the table above says so)."""
     body = summary.drop(index="degraded queries", errors="ignore")
+    if body.empty or not (body.select_dtypes("number").to_numpy() > 0).any():
+        return None
     fig, ax = _fig(8, max(3.5, 0.06 * body.size + 1.2))
     body.plot.barh(ax=ax, width=0.8)   # of each cause's slot, shared by its stages
     ax.invert_yaxis()

@@ -46,6 +46,12 @@ def _row(name: str, s: dict[str, Any]) -> dict[str, Any]:
             "relevant pairs": s.get("relevant_pairs"), "queries": s.get("queries")}
 
 
+def _sweep_points(summary: dict[str, Any], k: str) -> list[tuple[float, float]]:
+    """(ef_search, recall@k) of each sweep row of a trace summary that has both."""
+    points = [(r.get("ef_search"), (r.get("recall") or {}).get(k)) for r in summary.get("sweep") or []]
+    return [(e, r) for e, r in points if e is not None and r is not None]
+
+
 def vector_store_table(run_dirs: Iterable[str | Path]) -> HTML:
     """One row per run with a trace (the first is the baseline); a sentence when none of them has one."""
     rows = [_row(Path(d).name, s) for d in run_dirs if (s := read_trace_summary(d)) is not None]
@@ -58,14 +64,15 @@ def vector_store_table(run_dirs: Iterable[str | Path]) -> HTML:
 
 def ef_sweep(run_dirs: Iterable[str | Path], k: str = "10") -> Any:
     """The index's recall@``k`` against exact search at each ``ef_search`` of the sweep, one line per run;
-    WeKnora's ``ef_search`` marked. None when no run has a trace."""
+    WeKnora's ``ef_search`` marked. None when no run has a trace with a point to draw (a trace of a test set
+    with no relevant pair sweeps nothing)."""
     traces = [(Path(d).name, s) for d in run_dirs if (s := read_trace_summary(d)) is not None]
-    if not traces:
+    lines = [(name, s, points) for name, s in traces if (points := _sweep_points(s, k))]
+    if not lines:
         return None
     fig, ax = _fig(7, 3.5)
-    for name, s in traces:
-        sweep = [(r["ef_search"], (r.get("recall") or {}).get(k)) for r in s.get("sweep") or []]
-        xs, ys = zip(*[(e, r) for e, r in sweep if r is not None], strict=True) if sweep else ((), ())
+    for name, s, points in lines:
+        xs, ys = zip(*points, strict=True)
         ax.plot(xs, ys, marker="o", label=name)
         ef = (s.get("weknora") or {}).get("ef_search")
         if ef is not None:
