@@ -182,9 +182,10 @@ def test_cli_carry_over(tmp_path, capsys):
     assert lineage_path(out).is_file() and review_path(out).is_file()
     lin = json.loads(lineage_path(out).read_text(encoding="utf-8"))
     assert lin["review_file"] == str(review_path(out)) and lin["rule"]["name"] == "strict"
+    lenient = tmp_path / "t2-lenient.jsonl"   # a new version goes to a new file (issue 46: --out is never overwritten)
     assert main(["testset", "carry-over", "--testset", str(ts), "--old-chunks", str(old), "--new-chunks", str(new),
-                 "--out", str(out), "--rule", "lenient"]) == 0
-    assert json.loads(lineage_path(out).read_text(encoding="utf-8"))["rule"]["name"] == "lenient"
+                 "--out", str(lenient), "--rule", "lenient"]) == 0
+    assert json.loads(lineage_path(lenient).read_text(encoding="utf-8"))["rule"]["name"] == "lenient"
 
 
 def test_an_inventory_without_the_needed_columns_is_an_input_error(tmp_path):

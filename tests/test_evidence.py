@@ -79,7 +79,8 @@ def test_effect_size_and_share_improved():
     assert stats.share_improved(d, by=0.15) == pytest.approx(2 / 5)
     assert stats.share_improved(np.array([1e-13, 0.0])) == 0.0   # a difference within 1e-12 is a tie
     assert math.isnan(stats.effect_size(np.zeros(4)))
-    assert stats.effect_size(np.full(3, 0.1)) == math.inf
+    assert math.isnan(stats.effect_size(np.full(3, 0.1)))   # constant differences: degenerate (issue 46)
+    assert stats.degenerate(np.full(3, 0.1)) and not stats.degenerate(d)
 
 
 def test_margin_verdicts_and_what_each_kind_does_with_inconclusive():

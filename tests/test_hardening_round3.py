@@ -79,3 +79,161 @@ def test_reports_of_a_run_with_no_degraded_query_and_an_empty_trace_render(tmp_p
         (d / "vector_trace.json").write_text(json.dumps({"sweep": [], "weknora": {"ef_search": 40}}), encoding="utf-8")
     report = render_report(run, [base], out_root=tmp_path / "reports", notebooks=["04_degraded", "05_compare"])
     assert set(report.pages) == {"04_degraded", "05_compare"}
+
+
+# ---------------------------------------------------------------------------------------
+# label tools that lose or hide data
+# ---------------------------------------------------------------------------------------
+def _labels(path: Path, rows: list[tuple]) -> Path:
+    from weknora_nb.core.labels import LabelsLog
+
+    log = LabelsLog(path)
+    for q, c, g, who in rows:
+        log.append(q, c, g, assessor=who)
+    return path
+
+
+@pytest.fixture
+def parent(tmp_path) -> Path:
+    path = tmp_path / "t.jsonl"
+    TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 3}},
+                          {"query_id": "q2", "query": "b", "relevant": {}}]).to_jsonl(path)
+    return path
+
+
+def test_one_assessors_conflicting_grades_in_two_files_are_refused_whatever_their_order(capsys, tmp_path, parent):
+    a = _labels(tmp_path / "a.jsonl", [("q2", "D", 3, "li")])
+    b = _labels(tmp_path / "b.jsonl", [("q2", "D", 0, "li")])
+    for i, files in enumerate(([a, b], [b, a])):
+        code = cli.main(["testset", "merge-labels", "--testset", str(parent), "--labels", *map(str, files),
+                         "--out", str(tmp_path / f"t{i}.jsonl")])
+        err = capsys.readouterr().err
+        assert code == 2 and "assessor 'li' graded query 'q2', chunk 'D'" in err and "disagree" in err
+        assert not (tmp_path / f"t{i}.jsonl").exists()
+
+
+def test_merging_the_same_files_in_another_order_gives_the_same_test_set(tmp_path, parent):
+    from weknora_nb.core.lineage import merge_labels
+    from weknora_nb.core.testset import load_testset
+
+    li = _labels(tmp_path / "li.jsonl", [("q2", "E", 1, "li"), ("q2", "D", 2, "li")])
+    wang = _labels(tmp_path / "wang.jsonl", [("q2", "D", 0, "wang"), ("q2", "F", 3, "wang")])
+    one = merge_labels(parent, [li, wang], tmp_path / "one.jsonl").testset
+    two = merge_labels(parent, [wang, li], tmp_path / "two.jsonl").testset
+    assert one.hash == two.hash
+    assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "two.jsonl").read_bytes()
+    assert load_testset(tmp_path / "one.jsonl").hash == one.hash
+
+
+def test_an_adjudicator_who_graded_nothing_is_refused(capsys, tmp_path, parent):
+    li = _labels(tmp_path / "li.jsonl", [("q2", "D", 2, "li")])
+    code = cli.main(["testset", "merge-labels", "--testset", str(parent), "--labels", str(li), "--out",
+                     str(tmp_path / "t2.jsonl"), "--adjudicator", "zhang"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--adjudicator must be one of the assessors of the labels files ['li']. Got 'zhang'" in err
+
+
+@pytest.mark.parametrize("target", ["testset", "labels", "exists", "suffix"])
+def test_merge_labels_never_overwrites_an_input_or_a_test_set_and_writes_the_format_its_name_says(
+        capsys, tmp_path, parent, target):
+    li = _labels(tmp_path / "li.jsonl", [("q2", "D", 2, "li")])
+    (tmp_path / "old.jsonl").write_text("keep me\n", encoding="utf-8")
+    out = {"testset": parent, "labels": li, "exists": tmp_path / "old.jsonl", "suffix": tmp_path / "m.csv"}[target]
+    before = {p: p.read_bytes() for p in (parent, li, tmp_path / "old.jsonl")}
+    code = cli.main(["testset", "merge-labels", "--testset", str(parent), "--labels", str(li), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--out" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in before} == before and not (tmp_path / "m.csv").exists()
+
+
+def test_carry_over_to_an_empty_inventory_or_onto_an_existing_file_is_refused(capsys, tmp_path):
+    from weknora_nb.core.testset import TestSet as TS
+
+    from .test_carryover import _files, inventory
+
+    ts, old, new = _files(tmp_path)
+    empty = tmp_path / "empty.parquet"
+    inventory({"n0": "x"}).iloc[:0].to_parquet(empty)   # the columns, no chunk
+    code = cli.main(["testset", "carry-over", "--testset", str(ts), "--old-chunks", str(old), "--new-chunks",
+                     str(empty), "--out", str(tmp_path / "t2.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds no chunk: every label would be lost" in err and not (tmp_path / "t2.jsonl").exists()
+    kept = tmp_path / "kept.jsonl"
+    TS.from_records([{"query_id": "z", "query": "kept", "relevant": {"x": 1}}]).to_jsonl(kept)
+    before = kept.read_bytes()
+    code = cli.main(["testset", "carry-over", "--testset", str(ts), "--old-chunks", str(old), "--new-chunks",
+                     str(new), "--out", str(kept)])
+    assert code == 2 and "exists" in capsys.readouterr().err and kept.read_bytes() == before
+
+
+def test_a_worksheet_is_written_in_the_format_its_name_says_or_not_at_all(capsys, tmp_path):
+    run = craft_run(tmp_path / "runs", "r", craft_testset(tmp_path), stages=["final"])
+    for bad in ("p.txt", "p.jsonl", "p"):
+        code = cli.main(["testset", "pool", "--testset", str(tmp_path / "testset.jsonl"), "--runs", str(run),
+                         "--out", str(tmp_path / bad)])
+        err = capsys.readouterr().err
+        assert code == 2 and "a path ending in .csv or .xlsx" in err and not (tmp_path / bad).exists()
+
+
+def test_exporting_a_repeat_the_run_lacks_is_refused(capsys, tmp_path):
+    run = craft_run(tmp_path / "runs", "r", craft_testset(tmp_path), stages=["final"])   # repeats 1 and 2
+    code = cli.main(["export", "--run", str(run), "--format", "trec", "--out", str(tmp_path / "x"), "--repeat", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--repeat must be a repeat the run holds: [1, 2]. Got 3 instead." in err
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    code = cli.main(["export", "--run", str(run), "--format", "trec", "--out", str(tmp_path / "file")])
+    assert code == 2 and "--out must be a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# unclear messages and wrong exit codes
+# ---------------------------------------------------------------------------------------
+def test_an_output_file_that_is_a_folder_is_refused_before_the_gate_runs(capsys, tmp_path):
+    run = craft_run(tmp_path / "runs", "r", craft_testset(tmp_path), stages=["final"])
+    for option in ("--summary-md", "--junit"):
+        code = cli.main(["gate", "--run", str(run), option, str(tmp_path)])
+        out, err = capsys.readouterr()
+        assert code == 2 and f"argument {option}: must name a file to write, not a folder" in err
+        assert "passed" not in out and "FAILED" not in out
+
+
+def test_a_report_against_a_baseline_of_other_stages_or_another_test_set_is_refused_up_front(capsys, tmp_path):
+    ts = craft_testset(tmp_path)
+    run = craft_run(tmp_path / "runs", "r", ts, stages=["vector", "final"])
+    other_stages = craft_run(tmp_path / "runs", "b", ts, stages=["vector"])
+    other_ts = tmp_path / "other.jsonl"
+    TestSet.from_records([{"query_id": "q0", "query": "x", "relevant": {"c0": 1}}]).to_jsonl(other_ts)
+    other_set = craft_run(tmp_path / "runs", "c", other_ts, stages=["final"])
+    for base, said in ((other_stages, "has no stage 'final'"), (other_set, "another test set")):
+        code = cli.main(["report", "--run", str(run), "--baseline", str(base), "--out", str(tmp_path / "rep")])
+        err = capsys.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err
+        assert not (tmp_path / "rep" / "r" / "05_compare.html").exists()
+
+
+def test_a_dsn_whose_password_holds_an_unencoded_at_is_refused_and_never_shown(capsys, tmp_path):
+    from weknora_nb.collect.checks.postgres import connect_readonly
+    from weknora_nb.core.errors import UsageError
+
+    dsn = "postgresql://reader:Secr3t@Pass@127.0.0.1:1/weknora"
+    with pytest.raises(UsageError) as err:
+        connect_readonly(dsn)
+    assert "%40" in str(err.value)
+    assert "Secr3t" not in str(err.value) and "Pass" not in str(err.value)
+
+
+def test_a_run_compared_with_itself_is_called_degenerate_not_given_an_mde(capsys, tmp_path):
+    run = craft_run(tmp_path / "runs", "r", craft_testset(tmp_path), stages=["final"])
+    code = cli.main(["gate", "--run", str(run), "--baseline", str(run), "--detect", "ndcg@5=0.02"])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("ndcg@5") and "degenerate" in x)
+    assert code == 0 and line.split()[:4] == ["ndcg@5", "12", "+0.0000", "degenerate:"]   # no MDE, no query count
+
+
+def test_the_judge_refuses_a_reply_that_writes_a_key_twice():
+    from weknora_nb.collect.judge.prompts import InvalidReply, parse_verdict
+
+    with pytest.raises(InvalidReply, match="writes the key 'better' twice"):
+        parse_verdict('{"better": "1", "reason": "r", "better": "2"}')
+    assert parse_verdict('{"better": "1", "reason": "r"}')["better"] == "1"

@@ -155,7 +155,10 @@ def test_rescore_plan_follows_a_test_set_that_moved_on(base, tmp_path):
     t2 = tmp_path / "t2.jsonl"
     merge_labels(base, [log(tmp_path / "a.jsonl", [("q3", "D", 2, "li")])], t2)
     b = _manifest(t2, "b")
-    merge_labels(t2, [log(tmp_path / "b.jsonl", [("q2", "C", 1, "li")])], t2)   # t2 overwritten by t3
+    t3 = tmp_path / "t3.jsonl"
+    merge_labels(t2, [log(tmp_path / "b.jsonl", [("q2", "C", 1, "li")])], t3)
+    for src, dst in ((t3, t2), (lineage_path(t3), lineage_path(t2))):   # t2's file replaced by t3 (moved over it)
+        dst.write_bytes(src.read_bytes())
     path, reason = rescore_plan(_manifest(base, "a"), b)
     assert path == str(t2) and "now at the later version" in reason
 
@@ -199,5 +202,6 @@ def test_cli_merge_labels_prints_what_changed(base, tmp_path, capsys):
     assert code == 0 and "labels added 1, changed 0, unchanged 0" in text and "resolved by the adjudicator: 1" in text
     assert "valid queries: 1 -> 2 of 3" in text
     bad = log(tmp_path / "bad.jsonl", [("nope", "D", 1, "li")])
-    assert main(["testset", "merge-labels", "--testset", str(base), "--labels", str(bad), "--out", str(out)]) == 2
+    assert main(["testset", "merge-labels", "--testset", str(base), "--labels", str(bad), "--out",
+                 str(tmp_path / "t3.jsonl")]) == 2
     assert "line 1, field 'query_id'" in capsys.readouterr().err

@@ -67,7 +67,7 @@ import pandas as pd
 
 from weknora_nb.analysis.worksheet import WORKSHEET_COLUMNS, write_worksheet
 from weknora_nb.core.errors import InputError, UsageError, reading
-from weknora_nb.core.lineage import file_sha256, write_version
+from weknora_nb.core.lineage import check_new_version_path, file_sha256, write_version
 from weknora_nb.core.testset import TestSet, load_testset
 
 log = logging.getLogger(__name__)
@@ -418,8 +418,15 @@ def carry_over_files(testset: str | Path, old_chunks: str | Path, new_chunks: st
     lineage (parent = ``testset``) and the review worksheet beside it; returns the outcome and the lineage."""
     if by not in ("knowledge_id", "knowledge_title"):
         raise UsageError(argument="--match-by", allowed=["knowledge_id", "knowledge_title"], got=by)
+    check_new_version_path(out, [testset, old_chunks, new_chunks])
+    if review_path(out).exists():
+        raise UsageError(f"--out {out}: its review worksheet {review_path(out)} exists; name a new file (or remove "
+                         "it first)")
     parent = load_testset(testset)
     old, new = read_inventory(old_chunks, by), read_inventory(new_chunks, by)
+    if not len(new):
+        raise InputError(new_chunks, "the new chunk inventory holds no chunk: every label would be lost (was the "
+                                     "knowledge base listed before it was re-chunked?)")
     result = carry_over(parent, old, new, n=n, by=by, rule=rule)
     review = review_path(out)
     write_worksheet(result.review, review)

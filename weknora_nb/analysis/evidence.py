@@ -79,6 +79,7 @@ from weknora_nb.analysis.stats import (
     DEFAULT_RESAMPLES,
     TIE_TOLERANCE,
     bootstrap_distribution,
+    degenerate,
     effect_size,
     holm,
     minimum_detectable_effect,
@@ -216,7 +217,9 @@ def effect_table(deltas: Mapping[str, np.ndarray], *, alpha: float = 0.05, power
                  detect: Mapping[str, float] | None = None, improve_by: float = 0.0) -> pd.DataFrame:
     """Per metric of ``deltas``: ``n``, ``delta``, ``sd``, ``d_z``, ``share_improved`` (d > ``improve_by``),
     ``mde`` (at ``power`` and two-sided ``alpha``), ``detect`` (the effect named for it, else NaN),
-    ``n_needed`` (valid queries to detect it) and ``power_now`` (the power the current n has for it)."""
+    ``n_needed`` (valid queries to detect it), ``power_now`` (the power the current n has for it) and
+    ``degenerate`` (every query's difference the same, :func:`~weknora_nb.analysis.stats.degenerate`: then
+    ``d_z``, ``mde``, ``n_needed`` and ``power_now`` are NaN, as nothing can be said of them)."""
     detect = dict(detect or {})
     unknown = sorted(set(detect) - set(deltas))
     if unknown:
@@ -228,14 +231,16 @@ def effect_table(deltas: Mapping[str, np.ndarray], *, alpha: float = 0.05, power
         n = len(d)
         sd = float(d.std(ddof=1)) if n >= 2 else math.nan
         effect = detect.get(m, math.nan)
-        has = math.isfinite(effect)
+        flat = degenerate(d)
+        has = math.isfinite(effect) and not flat
         rows.append({"metric": m, "n": n, "delta": float(d.mean()) if n else math.nan, "sd": sd,
                      "d_z": effect_size(d), "share_improved": share_improved(d, improve_by),
-                     "mde": minimum_detectable_effect(sd, n, alpha=alpha, power=power), "detect": effect,
+                     "mde": math.nan if flat else minimum_detectable_effect(sd, n, alpha=alpha, power=power),
+                     "detect": effect,
                      "n_needed": queries_needed(sd, effect, alpha=alpha, power=power) if has else math.nan,
-                     "power_now": power_of(effect, sd, n, alpha=alpha) if has else math.nan})
+                     "power_now": power_of(effect, sd, n, alpha=alpha) if has else math.nan, "degenerate": flat})
     return pd.DataFrame(rows, columns=["metric", "n", "delta", "sd", "d_z", "share_improved", "mde", "detect",
-                                       "n_needed", "power_now"])
+                                       "n_needed", "power_now", "degenerate"])
 
 
 def effect_columns(metrics: pd.DataFrame, per_query: pd.DataFrame, *, alpha: float = 0.05,
@@ -246,6 +251,7 @@ def effect_columns(metrics: pd.DataFrame, per_query: pd.DataFrame, *, alpha: flo
     out = metrics.copy()
     for col in ("d_z", "share_improved", "mde", "n_needed"):
         out[col] = np.nan
+    out["degenerate"] = False
     for run, rows in out.groupby("run", sort=False):
         pq = per_query[per_query["run"] == run]
         mets = [m for m in rows["metric"] if f"{m}_a" in pq]
@@ -255,7 +261,7 @@ def effect_columns(metrics: pd.DataFrame, per_query: pd.DataFrame, *, alpha: flo
         for i in rows.index:
             m = out.at[i, "metric"]
             if m in eff.index:
-                for col in ("d_z", "share_improved", "mde", "n_needed"):
+                for col in ("d_z", "share_improved", "mde", "n_needed", "degenerate"):
                     out.at[i, col] = eff.at[m, col]
     return out
 

@@ -200,8 +200,15 @@ def export_run(run: str | Path | Run, out: str | Path, *, fmt: str = "ranx", sta
     unknown = [s for s in chosen if s not in r.stages]
     if unknown:
         raise UsageError(argument="stage", allowed=r.stages, got=unknown[0])
-    reps = list(repeats) if repeats is not None else [int(x) for x in r.scores.counts.repeats]
+    held = [int(x) for x in r.scores.counts.repeats]
+    reps = list(dict.fromkeys(repeats)) if repeats is not None else held
+    absent = [x for x in reps if x not in held]
+    if absent:
+        raise UsageError(argument="--repeat", allowed=f"a repeat the run holds: {held}", got=absent[0])
+    chosen = list(dict.fromkeys(chosen))
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(argument="--out", allowed="a folder (made when missing)", got=f"{out} (a file)")
     with writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
     written = [_write_qrels(r.testset, folder, fmt)]

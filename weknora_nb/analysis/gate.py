@@ -164,6 +164,11 @@ class GateResult:
                  f"  {'metric':<18} {'n':>5} {'delta':>8} {'d_z':>7} {f'improved>{self.improve_by:g}':>12} "
                  f"{'MDE':>8} {'detect':>8} {'needed':>7}"]
         for e in self.effects.itertuples():
+            if getattr(e, "degenerate", False):
+                lines.append(f"  {e.metric:<18} {e.n:>5} {_signed(e.delta):>8}  degenerate: every query's difference "
+                             "is the same, so no effect size, detectable effect or query count can be given (is the "
+                             "run its own baseline?)")
+                continue
             needed = "" if pd.isna(e.n_needed) else f"{e.n_needed:.0f}"
             detect = "" if pd.isna(e.detect) else f"{e.detect:g}"
             lines.append(f"  {e.metric:<18} {e.n:>5} {_signed(e.delta):>8} {_signed(e.d_z, 2):>7} "

@@ -238,14 +238,20 @@ def power_of(delta: float, sd: float, n: int, *, alpha: float = 0.05) -> float:
 
 def effect_size(d: np.ndarray) -> float:
     """Standardised paired difference :math:`d_z = mean(d) / sd(d)` (ddof 1). NaN for fewer than 2
-    differences or when every difference is 0; +-inf when all are equal and not 0."""
+    differences or when every difference is the same (:func:`degenerate`: no spread to measure it against)."""
     d = np.asarray(d, dtype=np.float64)
-    if len(d) < 2:
+    if len(d) < 2 or degenerate(d):
         return math.nan
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    if sd <= TIE_TOLERANCE:
-        return math.nan if abs(mean) <= TIE_TOLERANCE else math.copysign(math.inf, mean)
-    return mean / sd
+    return float(d.mean()) / float(d.std(ddof=1))
+
+
+def degenerate(d: np.ndarray) -> bool:
+    """Whether paired differences ``d`` (two or more) are all the same, within :data:`TIE_TOLERANCE`: a run
+    compared with itself, or two versions that differ by a constant. Such a comparison has no spread, so its
+    effect size, minimum detectable effect and queries needed mean nothing."""
+    d = np.asarray(d, dtype=np.float64)
+    d = d[~np.isnan(d)]
+    return len(d) >= 2 and float(d.max() - d.min()) <= TIE_TOLERANCE
 
 
 def share_improved(d: np.ndarray, by: float = 0.0) -> float:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weknora_nb.core.errors import InputError, Problem, reading, writing
+from weknora_nb.core.errors import InputError, Problem, UsageError, reading, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.labels import GRADES, Judgement, read_labels
 from weknora_nb.core.lineage import LabelFile, read_label_file
@@ -56,10 +56,23 @@ def _defused(text: str) -> str:
     return "'" + text if text.startswith(_FORMULA_START) else text
 
 
+#: the formats a worksheet is written in, by the path's suffix
+WORKSHEET_SUFFIXES = (".csv", ".xlsx")
+
+
+def check_worksheet_path(path: str | Path, argument: str = "--out") -> Path:
+    """``path`` when its suffix names a worksheet format (:data:`WORKSHEET_SUFFIXES`), else :class:`UsageError`
+    naming ``argument``: a file is written in the format its name says, or not at all."""
+    p = Path(path)
+    if p.suffix.lower() not in WORKSHEET_SUFFIXES:
+        raise UsageError(argument=f"{argument} (a worksheet)", allowed="a path ending in .csv or .xlsx", got=str(path))
+    return p
+
+
 def write_worksheet(rows: pd.DataFrame, path: str | Path) -> Path:
     """Write worksheet rows (:data:`WORKSHEET_COLUMNS` first, then any others) as CSV (UTF-8 with a
     BOM) or, for a path ending in ``.xlsx``, as an Excel workbook; atomically."""
-    p = Path(path)
+    p = check_worksheet_path(path)
     columns = list(WORKSHEET_COLUMNS) + [c for c in rows.columns if c not in WORKSHEET_COLUMNS]
     table = [[_cell_text(v) for v in rec] for rec in rows.reindex(columns=columns).itertuples(index=False)]
     with writing(p), atomic_path(p) as tmp:

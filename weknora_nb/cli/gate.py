@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from weknora_nb.cli.options import Subparsers, bound, check_run_folder, effect, finite_number, int_at_least, margin
+from weknora_nb.cli.options import (
+    Subparsers,
+    bound,
+    check_run_folder,
+    effect,
+    finite_number,
+    int_at_least,
+    margin,
+    output_file,
+)
 
 
 def add_gate(sub: Subparsers) -> None:
@@ -33,9 +42,10 @@ def add_gate(sub: Subparsers) -> None:
     g.add_argument("--resamples", type=int_at_least(100), default=10_000,
                    help="paired-bootstrap resamples (default 10000)")
     g.add_argument("--seed", type=int_at_least(0), default=0, help="bootstrap seed (default 0)")
-    g.add_argument("--summary-md", default=None, metavar="FILE",
+    g.add_argument("--summary-md", type=output_file, default=None, metavar="FILE",
                    help="write a Markdown summary (a PR comment, $GITHUB_STEP_SUMMARY)")
-    g.add_argument("--junit", default=None, metavar="FILE", help="write a JUnit XML report (one test case per bound)")
+    g.add_argument("--junit", type=output_file, default=None, metavar="FILE",
+                   help="write a JUnit XML report (one test case per bound)")
     g.add_argument("--allow-incomplete", action="store_true", help="do not fail on failed or missing requests")
     g.set_defaults(func=cmd_gate)
 

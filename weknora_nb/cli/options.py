@@ -225,3 +225,13 @@ def check_run_folder(argument: str, path: str) -> None:
     except RunFolderError as exc:
         raise RunFolderError(f"{argument}: {exc}") from None
 
+
+def output_file(text: str) -> str:
+    """An argparse ``type`` for a file the command writes: not an existing folder (nor a path ending in a
+    separator), so that the command refuses it before any work rather than failing on it at the end."""
+    import os
+    from pathlib import Path
+
+    if text.endswith(("/", os.sep)) or Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"must name a file to write, not a folder. Got {text!r} instead.")
+    return text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from weknora_nb.cli.options import Subparsers, domain_adjustment, metric_names
+from weknora_nb.cli.options import Subparsers, domain_adjustment, metric_names, output_file
 
 
 def add_score(sub: Subparsers) -> None:
@@ -21,7 +21,7 @@ def add_score(sub: Subparsers) -> None:
                    help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     s.add_argument("--compact", action="store_true", help="with --json: no indentation")
-    s.add_argument("--per-query-out", metavar="PATH",
+    s.add_argument("--per-query-out", type=output_file, metavar="PATH",
                    help="write the per-query figures (each metric per query and stage, averaged over repeats) to "
                         "PATH: .parquet, .csv or .jsonl (then --json leaves them out)")
     s.set_defaults(func=cmd_score)

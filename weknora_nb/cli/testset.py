@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from weknora_nb.cli.options import Subparsers, base_url, int_at_least, positive_seconds, since
+from weknora_nb.cli.options import Subparsers, base_url, int_at_least, output_file, positive_seconds, since
 from weknora_nb.core.errors import Interrupted, UsageError
 
 
@@ -31,7 +31,8 @@ def add_testset_sample(ts: Subparsers) -> None:
                    help="only questions asked at or after DATE (2025-12-01 is midnight UTC; or 2025-12-01T00:00+08:00)")
     s.add_argument("--n", type=int_at_least(1), default=300, help="candidates to sample (default 300)")
     s.add_argument("--seed", type=int_at_least(0), default=0, help="random seed of the sample (default 0)")
-    s.add_argument("--out", required=True, help="candidates (.jsonl, a loadable test set); summary beside it")
+    s.add_argument("--out", type=output_file, required=True,
+                   help="candidates (.jsonl, a loadable test set); summary beside it")
     s.add_argument("--concurrency", type=int_at_least(1), default=4, help="sessions read at a time (default 4)")
     s.add_argument("--timeout", type=positive_seconds, default=30.0, help="read timeout per request, seconds")
     s.add_argument("--max-attempts", type=int_at_least(1), default=4, help="attempts per request (retries + 1)")
@@ -75,15 +76,16 @@ def add_testset_pool(ts: Subparsers) -> None:
     p.add_argument("--testset", required=True, help="test set file or WeKnora dataset folder")
     p.add_argument("--runs", required=True, nargs="+", metavar="DIR", help="run folders to pool from")
     p.add_argument("--depth", type=int_at_least(1), default=10, help="top chunks of each stage (default 10)")
-    p.add_argument("--out", required=True, help="worksheet: .csv (UTF-8 with BOM) or .xlsx")
+    p.add_argument("--out", type=output_file, required=True, help="worksheet: .csv (UTF-8 with BOM) or .xlsx")
     p.add_argument("--assessor", default=None, help="assessor id written in every row")
     p.set_defaults(func=cmd_testset_pool)
 
 
 def cmd_testset_pool(args: argparse.Namespace) -> int:
     from weknora_nb.analysis.pooling import pool
-    from weknora_nb.analysis.worksheet import write_worksheet
+    from weknora_nb.analysis.worksheet import check_worksheet_path, write_worksheet
 
+    check_worksheet_path(args.out)   # before any work: the worksheet is written in the format its name says
     result = pool(args.testset, args.runs, depth=args.depth, assessor=args.assessor)
     write_worksheet(result.rows, args.out)
     print(result.describe())
@@ -96,7 +98,8 @@ def add_testset_merge_labels(ts: Subparsers) -> None:
     m.add_argument("--testset", required=True, help="the test set the judgements were made on")
     m.add_argument("--labels", required=True, nargs="+", metavar="FILE",
                    help="labels logs (.jsonl) or filled worksheets (.csv, .xlsx)")
-    m.add_argument("--out", required=True, help="the new test set (.jsonl); its lineage goes beside it")
+    m.add_argument("--out", type=output_file, required=True,
+                   help="the new test set (.jsonl); its lineage goes beside it")
     m.add_argument("--adjudicator", default=None, help="assessor whose grade settles a disagreement")
     m.add_argument("--assessor", default=None, help="assessor of worksheet rows whose assessor cell is blank")
     m.set_defaults(func=cmd_testset_merge_labels)
@@ -116,7 +119,8 @@ def add_testset_carry_over(ts: Subparsers) -> None:
     c.add_argument("--testset", required=True, help="the test set labelled on the old chunks")
     c.add_argument("--old-chunks", required=True, help="chunk inventory the labels were made on (chunks.parquet)")
     c.add_argument("--new-chunks", required=True, help="chunk inventory after re-chunking (chunks.parquet)")
-    c.add_argument("--out", required=True, help="the new test set (.jsonl); lineage and review worksheet beside it")
+    c.add_argument("--out", type=output_file, required=True,
+                   help="the new test set (.jsonl); lineage and review worksheet beside it")
     c.add_argument("--match-by", default="knowledge_id", choices=["knowledge_id", "knowledge_title"],
                    help="what makes an old and a new chunk the same document (default knowledge_id)")
     c.add_argument("--rule", default="strict", choices=["strict", "lenient"],

@@ -165,6 +165,56 @@ def _check_queries(files: Sequence[LabelFile], query_ids: set[str], testset_path
         raise InputError(problems[0].path, problems)
 
 
+def check_new_version_path(out: str | Path, inputs: Sequence[str | Path]) -> Path:
+    """``out`` as the file a new test-set version may be written to, else :class:`UsageError` naming ``--out``: it
+    ends in ``.jsonl`` (the canonical format it is written in), it is none of the ``inputs`` (the version would
+    overwrite what it is made of), and nothing is there yet (a test set is never overwritten: an earlier version,
+    labels or a run may refer to it by its content hash)."""
+    p = Path(out)
+    if p.suffix.lower() != ".jsonl":
+        raise UsageError(argument="--out (a new test-set version, written as JSONL)", allowed="a path ending in .jsonl",
+                         got=str(out))
+    target = p.resolve()
+    same = [str(i) for i in inputs if Path(i).resolve() == target]
+    if same:
+        raise UsageError(f"--out {out} is an input ({same[0]}): write the new version to a file of its own")
+    if p.exists() or p.is_symlink():
+        raise UsageError(f"--out {out} exists: a test set is not overwritten; name a new file (or remove it first)")
+    return p
+
+
+def _one_grade_per_assessor(files: Sequence[LabelFile]) -> list[Judgement]:
+    """The latest graded judgement of each assessor per (query, chunk) within each file (a log's later line
+    replaces an earlier one), across the files; :class:`InputError` when one assessor gave one item different
+    grades in different files: which is right cannot depend on the order the files were named in."""
+    seen: dict[tuple[str, str, str], tuple[LabelFile, int, Judgement]] = {}
+    problems: list[Problem] = []
+    for f in files:
+        lines = {j.key: line for line, j in f.entries if j.grade is not None}
+        for j in latest(j for j in f.judgements if j.grade is not None):
+            earlier = seen.get(j.key)
+            if earlier is None:
+                seen[j.key] = (f, lines[j.key], j)
+            elif earlier[2].grade != j.grade:
+                problems.append(Problem(f.path, lines[j.key], "grade",
+                                        f"assessor {j.assessor!r} graded query {j.query_id!r}, chunk {j.chunk_id!r} "
+                                        f"{j.grade} here and {earlier[2].grade} in {earlier[0].path} "
+                                        f"({earlier[0].where} {earlier[1]}): one assessor's grades disagree, keep "
+                                        "one of them", f.where))
+    if problems:
+        raise InputError(problems[0].path, problems)
+    return [j for _, _, j in seen.values()]
+
+
+def _check_adjudicator(adjudicator: str | None, judgements: Sequence[Judgement]) -> None:
+    """:class:`UsageError` when ``adjudicator`` graded nothing in the files: a grade that is never there cannot
+    settle a disagreement."""
+    assessors = sorted({j.assessor for j in judgements})
+    if adjudicator is not None and adjudicator not in assessors:
+        raise UsageError(argument="--adjudicator", allowed=f"one of the assessors of the labels files {assessors}",
+                         got=adjudicator)
+
+
 def merge_labels(testset: str | Path, label_files: Sequence[str | Path | LabelFile], out: str | Path, *,
                  adjudicator: str | None = None) -> MergeResult:
     """Write the test set ``testset`` + the judgements of ``label_files`` as a new version at ``out``,
@@ -178,12 +228,15 @@ def merge_labels(testset: str | Path, label_files: Sequence[str | Path | LabelFi
     if not label_files:
         raise UsageError("at least one labels file is needed", argument="--labels", allowed="one or more files",
                          got=[])
+    check_new_version_path(out, [testset, *(f.path if isinstance(f, LabelFile) else f for f in label_files)])
     parent = load_testset(testset)
     files = [f if isinstance(f, LabelFile) else read_label_file(f) for f in label_files]
     _check_queries(files, set(parent.queries["query_id"]), str(testset))
-    resolved = resolve_judgements((j for f in files for j in f.judgements), adjudicator)
+    judgements = _one_grade_per_assessor(files)
+    _check_adjudicator(adjudicator, judgements)
+    resolved = resolve_judgements(judgements, adjudicator)
     by_query: dict[str, list[Resolved]] = {}
-    for r in resolved:
+    for r in sorted(resolved, key=lambda r: (r.query_id, r.chunk_id)):   # the files' order decides nothing
         by_query.setdefault(r.query_id, []).append(r)
     records = parent.records()
     added = changed = unchanged = 0

@@ -47,7 +47,10 @@ def effect_sizes(cmp: Comparison, *, detect: Sequence[float] = (0.01, 0.02)) -> 
             for run, d in _deltas(cmp, metric).items() for D in detect]
     cols = ["run", "metric", "n", "delta", "sd", "d_z", "mde", "detect", "n_needed", "power_now"]
     table = pd.concat(rows, ignore_index=True)
-    return _html(table[[c for c in cols if c in table.columns]])
+    flat = sorted(set(table.loc[table["degenerate"], "run"]))
+    note = (f"Degenerate comparison ({', '.join(flat)}): every query's difference is the same, so no effect size, "
+            "detectable effect or number of queries can be given (is a run compared with itself?)." if flat else "")
+    return _html(table[[c for c in cols if c in table.columns]], note)
 
 
 def margins(cmp: Comparison, *, margin: float = 0.02, resamples: int = 2000) -> HTML:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.core.errors import ReportError, RunFolderError, UsageError, writing
+from weknora_nb.core.errors import NotComparableError, ReportError, RunFolderError, UsageError, writing
 from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, read_manifest
 from weknora_nb.reports import kernel
 from weknora_nb.reports.fonts import embed_font
@@ -174,7 +174,9 @@ def _plan(req: ReportRequest, *, cache: bool) -> _Plan:
         raise UsageError(argument="notebooks", allowed=NOTEBOOKS, got=unknown)
     run_dir = Path(req.run_dir).resolve()
     bases = [Path(b).resolve() for b in req.baselines]
-    name = str(read_manifest(run_dir).get("run_name") or run_dir.name)
+    manifest = read_manifest(run_dir)
+    _check_baselines(manifest, bases, (req.parameters or {}).get("stage"))
+    name = str(manifest.get("run_name") or run_dir.name)
     out_root = Path(req.out_root or run_dir.parent.parent / "reports").resolve()
     folder = _report_folder(out_root, name, run_dir / MANIFEST)
     with writing(folder):
@@ -191,6 +193,27 @@ def _plan(req: ReportRequest, *, cache: bool) -> _Plan:
         pages.append(_Page(nb, source, declared, folder / f"{nb}.ipynb", folder / f"{nb}.html", run_dir.parent,
                            req.no_input, store, cost))
     return _Plan(Report(name, folder, folder / "index.html"), run_dir, bases, params, store, pages)
+
+
+def _check_baselines(manifest: dict[str, Any], baselines: list[Path], stage: str | None) -> None:
+    """:class:`NotComparableError` before any notebook runs when a baseline cannot be compared with the run, as
+    the gate refuses it: another test set that no lineage relates to the run's (``rescore_plan``), or a baseline
+    without the run's focus stage (``stage``, else ``final``, else the last of the pipeline)."""
+    from weknora_nb.core.lineage import rescore_plan
+    from weknora_nb.core.pipeline import focus_stage
+
+    stages = list(manifest.get("stages") or {})
+    focus = focus_stage(stages, stage, manifest.get("stages")) if stages else None
+    for b in baselines:
+        other = read_manifest(b)
+        ours, theirs = (manifest.get("testset") or {}).get("hash"), (other.get("testset") or {}).get("hash")
+        if ours != theirs:
+            path, why = rescore_plan(other, manifest)
+            if path is None:
+                raise NotComparableError(f"--baseline {b} was collected on another test set than the run: {why}")
+        if focus is not None and focus not in (other.get("stages") or {}):
+            raise NotComparableError(f"--baseline {b} has no stage {focus!r}, the report's focus stage (its stages: "
+                                     f"{', '.join(other.get('stages') or {}) or 'none'}); give --stage one both hold")
 
 
 def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,

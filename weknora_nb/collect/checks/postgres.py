@@ -53,6 +53,7 @@ def connect_readonly(dsn: str, *, statement_timeout_s: float = 60.0, work_mem: s
 
     if not isinstance(dsn, str) or not dsn.strip():
         raise UsageError(argument="--dsn", allowed="a libpq connection string or postgresql:// URI", got=dsn)
+    _check_uri_userinfo(dsn)
     try:
         secret = conninfo_to_dict(dsn).get("password")
     except psycopg.ProgrammingError:  # its message may quote a piece of the password: not shown
@@ -79,6 +80,20 @@ def connect_readonly(dsn: str, *, statement_timeout_s: float = 60.0, work_mem: s
         raise UsageError(f"cannot set up a read-only session on {shown}: {session.masked(one_line(str(exc), None))}"
                          ) from None
     return session
+
+
+def _check_uri_userinfo(dsn: str) -> None:
+    """:class:`UsageError` when a ``postgresql://`` URI's authority holds more than one ``@``: libpq splits the
+    userinfo at the first one, so a password holding an ``@`` that is not written ``%40`` leaves its rest in the
+    host name, which every later message (the driver's "could not translate host name ...") would show. Nothing
+    of the connection string is shown."""
+    scheme, sep, rest = dsn.strip().partition("://")
+    if not sep or scheme.lower() not in ("postgresql", "postgres"):
+        return
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    if authority.count("@") > 1:
+        raise UsageError("--dsn: the postgresql:// URI holds more than one '@' before its host: a password with an "
+                         "'@' must be written %40 (percent-encoded); the connection string is not shown")
 
 
 def one_line(text: str, secret: str | None) -> str:

@@ -142,12 +142,31 @@ def _json_object(text: str) -> dict[str, Any]:
     if fenced:
         body = fenced.group(1).strip()
     try:
-        obj = json.loads(body)
+        obj = json.loads(body, object_pairs_hook=_no_key_twice)
+    except _KeyTwice as exc:
+        raise InvalidReply("schema", f"the reply writes the key {exc.key!r} twice: which value is meant is not "
+                                     "known") from None
     except (ValueError, RecursionError):
         raise InvalidReply("unparseable", f"the reply is not one JSON object: {_shown(text)}") from None
     if not isinstance(obj, dict):
         raise InvalidReply("schema", f"the reply is a JSON {type(obj).__name__}, not an object")
     return obj
+
+
+class _KeyTwice(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refused when a key is written twice (``json`` would keep the last one
+    silently, as the test-set loaders refuse it too)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _KeyTwice(key)
+        seen[key] = value
+    return seen
 
 
 def _keys(obj: dict[str, Any], wanted: tuple[str, ...], where: str) -> None:
