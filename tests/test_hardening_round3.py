@@ -237,3 +237,87 @@ def test_the_judge_refuses_a_reply_that_writes_a_key_twice():
     with pytest.raises(InvalidReply, match="writes the key 'better' twice"):
         parse_verdict('{"better": "1", "reason": "r", "better": "2"}')
     assert parse_verdict('{"better": "1", "reason": "r"}')["better"] == "1"
+
+
+# ---------------------------------------------------------------------------------------
+# one basis for every figure of a stage
+# ---------------------------------------------------------------------------------------
+def _one_repeat_failed(tmp_path: Path) -> tuple[Path, Path]:
+    """A test set of two queries and a run of two repeats: q1 scores 1 then 0.5-ish, q2 fails in repeat 2."""
+    from weknora_nb import write_results
+
+    from .conftest import failed, ranked, results_frame
+
+    ts = tmp_path / "t.jsonl"
+    TestSet.from_records([{"query_id": "q1", "query": "a", "relevant": {"A": 1}},
+                          {"query_id": "q2", "query": "b", "relevant": {"B": 1}}]).to_jsonl(ts)
+    rows = [*ranked("q1", ["A"], repeat=1), *ranked("q1", ["X", "A"], repeat=2),
+            *ranked("q2", ["Y", "Z", "B"], repeat=1), *failed("q2", "timeout", repeat=2)]
+    res = tmp_path / "r.parquet"
+    write_results(results_frame(rows), res)
+    return ts, res
+
+
+def test_a_stage_figure_and_its_interval_share_one_basis_when_a_repeat_failed(tmp_path):
+    from weknora_nb import load_testset, score
+    from weknora_nb.reports.tables import metric_table
+
+    ts, res = _one_repeat_failed(tmp_path)
+    sc = score(load_testset(ts), res, ["mrr@10", "hit@1"])
+    per_query = sc.per_query_mean().set_index("query_id")
+    expected = per_query["mrr@10"].mean()          # q1: (1 + 1/2) / 2 = 0.75; q2: 1/3 (its one scored repeat)
+    assert expected == pytest.approx((0.75 + 1 / 3) / 2)
+    row = sc.summary.set_index("metric").loc["mrr@10"]
+    assert row["mean"] == pytest.approx(expected)
+    table = metric_table(sc, resamples=500).set_index("metric")
+    for m in ("mrr@10", "hit@1"):
+        assert table.at[m, "ci_low"] <= table.at[m, "mean"] <= table.at[m, "ci_high"]
+
+
+def test_a_gate_drop_is_the_paired_delta_of_the_same_queries(tmp_path, capsys):
+    from weknora_nb.analysis.gate import gate
+
+    ts = craft_testset(tmp_path)
+    a = craft_run(tmp_path / "runs", "a", ts, stages=["final"], seed=0)
+    b = craft_run(tmp_path / "runs", "b", ts, stages=["final"], seed=1)
+    rows = pd.read_parquet(b / "results.parquet")
+    drop = (rows["query_id"] == "q1") & (rows["repeat"] == 2)   # q1 fails in b's second repeat
+    kept = rows[~drop]
+    failed_row = rows[drop].iloc[:1].assign(chunk_id=None, rank=None, score=None, status="timeout")
+    pd.concat([kept, failed_row], ignore_index=True).to_parquet(b / "results.parquet")
+    result = gate(b, baseline=a, max_drops={"ndcg@5": 1.0}, non_inferior={"ndcg@5": 0.5}, allow_incomplete=True,
+                  resamples=500)
+    t = result.table.set_index("check")
+    delta = result.bounds.set_index("metric").at["ndcg@5", "delta"]
+    assert t.at["max-drop", "value"] == pytest.approx(-delta)
+
+
+def test_a_run_whose_every_query_is_invalid_says_nothing_was_scored(capsys, tmp_path):
+    ts = tmp_path / "t.jsonl"
+    TestSet.from_records([{"query_id": f"q{i}", "query": f"x{i}", "relevant": {}} for i in range(12)]).to_jsonl(ts)
+    run = craft_run(tmp_path / "runs", "r", ts, stages=["vector", "final"])
+    assert cli.main(["score", str(ts), str(run / "results.parquet")]) == 1
+    assert "error: nothing was scored: no query of the test set is valid" in capsys.readouterr().err
+    assert cli.main(["gate", "--run", str(run), "--min", "ndcg@5=0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "nothing could be scored at stage final: no query of the test set is valid" in err
+    assert "must be one of ." not in err
+
+
+def test_a_stage_whose_every_request_failed_is_named_as_failed_not_as_missing(capsys, tmp_path):
+    run = craft_run(tmp_path / "runs", "r", craft_testset(tmp_path), stages=["vector", "final"], failing=("final",))
+    assert cli.main(["gate", "--run", str(run), "--stage", "final", "--min", "ndcg@5=0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "every request of stage final failed (server 12, timeout 12)" in err
+
+
+@pytest.mark.slow
+def test_the_reports_of_a_run_with_nothing_scored_render_and_say_why(tmp_path):
+    from weknora_nb.reports.render import render_report
+
+    ts = tmp_path / "t.jsonl"
+    TestSet.from_records([{"query_id": f"q{i}", "query": f"x{i}", "relevant": {}} for i in range(12)]).to_jsonl(ts)
+    run = craft_run(tmp_path / "runs", "r", ts, stages=["vector", "final"])
+    report = render_report(run, out_root=tmp_path / "reports", notebooks=["02_metrics", "03_stratify", "04_degraded"])
+    for page in report.pages.values():
+        assert "Nothing was scored: no query of the test set is valid" in page.read_text(encoding="utf-8")

@@ -58,7 +58,7 @@ from weknora_nb.analysis.evidence import (
     rule_text,
 )
 from weknora_nb.analysis.stats import DEFAULT_POWER, DEFAULT_RESAMPLES
-from weknora_nb.core.errors import MetricError, NotComparableError, UsageError
+from weknora_nb.core.errors import MetricError, NotComparableError, NothingScored, UsageError
 from weknora_nb.core.metrics import parse_metric
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.run import Run, load_run
@@ -255,12 +255,24 @@ def _deltas(run: _Values, base: _Values, metrics: list[str]) -> dict[str, np.nda
     return out
 
 
+def _check_scored(run: Run, stage: str) -> None:
+    """:class:`NothingScored` when ``run`` has no figure at ``stage``: nothing of it was scored at all, or every
+    request of that stage failed."""
+    why = run.scores.counts.nothing_scored
+    failed = run.scores.failed_stages().get(stage)
+    if why is None and failed is not None:
+        why = f"every request of stage {stage} failed ({', '.join(f'{k} {n}' for k, n in failed.items())})"
+    if why is not None:
+        raise NothingScored(f"{run.name}: nothing could be scored at stage {stage}: {why}")
+
+
 def _baseline(baseline: str | Path | Run, r: Run, stage: str, metrics: list[str]) -> Run:
     b = baseline if isinstance(baseline, Run) else load_run(baseline, testset=r.testset, metrics=metrics or None)
     if b.testset.hash != r.testset.hash:
         raise NotComparableError("the run and the baseline were collected on different test sets")
-    if stage not in b.stages:
-        raise NotComparableError(f"the baseline {b.name} has no stage {stage!r} (stages: {b.stages})")
+    if stage not in b.scores.all_stages:
+        raise NotComparableError(f"the baseline {b.name} has no stage {stage!r} (stages: {b.scores.all_stages})")
+    _check_scored(b, stage)
     return b
 
 
@@ -318,6 +330,7 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
     provider = answer_values
     r = run if isinstance(run, Run) else load_run(run, metrics=ranking or None)
     st = r.focus_stage(stage)
+    _check_scored(r, st)
     mine = _values(r, st, ranking, answer, provider)
     rows = [{"check": "min", "metric": m, "value": mine.means[m], "bound": f">= {bound:g}",
              "passed": bool(mine.means[m] >= bound)} for m, bound in minimums.items()]
@@ -326,16 +339,17 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
         b = _baseline(baseline, r, st, ranking)
         theirs = _values(b, st, ranking, answer, provider)
         result.baseline = b.name
-        for m, drop in max_drops.items():
-            d = theirs.means[m] - mine.means[m]
-            rows.append({"check": "max-drop", "metric": m, "value": d,
-                         "bound": f"<= {drop:g} (baseline {theirs.means[m]:.4f})", "passed": bool(d <= drop)})
         compared = list(dict.fromkeys([*max_drops, *(e.metric for e in evidence), *detect]))
         deltas = _deltas(mine, theirs, compared)
         empty = [m for m, d in deltas.items() if not len(d)]
         if empty:
             raise NotComparableError(f"no query has a value of {', '.join(empty)} in both {r.name} and {b.name}: "
                                      "nothing to pair")
+        for m, drop in max_drops.items():   # on the basis of the intervals: the queries both runs scored
+            d = -float(deltas[m].mean())
+            rows.append({"check": "max-drop", "metric": m, "value": d,
+                         "bound": f"<= {drop:g} (the drop over the {len(deltas[m])} queries both scored)",
+                         "passed": bool(d <= drop)})
         if evidence:
             result.bounds = evidence_bounds(deltas, evidence, level=level, resamples=resamples, seed=seed,
                                             adjust=adjust)

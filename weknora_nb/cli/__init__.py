@@ -3,7 +3,8 @@
 Exit codes (only :func:`main` maps errors to them, through :data:`EXIT_CODES`):
 
 - 0 success;
-- 1 the work ran but its verdict is negative: a gate bound broken, an incomplete run, a
+- 1 the work ran but its verdict is negative: a gate bound broken, an incomplete run, nothing that could be
+  scored (:class:`NothingScored`: no valid query, every request of the stage failed), a
   notebook that failed (:class:`ReportError`), a request that failed (:class:`RequestFailed`),
   a sandbox that could not serve (:class:`SandboxError`), a file that could not be written
   (:class:`StorageError`: a read-only folder, a full disk);
@@ -47,6 +48,7 @@ from weknora_nb.core.errors import (
     InputError,
     Interrupted,
     NotComparableError,
+    NothingScored,
     ReportError,
     RequestFailed,
     RunExistsError,
@@ -59,6 +61,7 @@ from weknora_nb.core.errors import (
 #: error class -> exit code, checked in order (the first class the error is an instance of wins)
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RequestFailed, 1),
+    (NothingScored, 1),
     (ReportError, 1),
     (SandboxError, 1),
     (StorageError, 1),

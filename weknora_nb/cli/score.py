@@ -31,7 +31,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     """Print the scores; exit 1 when nothing could be scored (a results file with no row, or none
     for a query of the test set): the figures would be empty, not zero. Failed or missing requests
     of a partial run are counted and listed in the output, and the exit stays 0."""
-    from weknora_nb.core.scoring import NO_ROWS, NO_TESTSET_ROW, per_query_format, score_files
+    from weknora_nb.core.scoring import per_query_format, score_files
     from weknora_nb.reports.text import format_scores
 
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
@@ -45,8 +45,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         _print_bytes(sc.json_pieces(per_query=not args.per_query_out, indent=not args.compact))
     else:
         print(format_scores(sc))
-    if sc.counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
-        print(f"error: nothing was scored: {sc.counts.incomplete_reason}", file=sys.stderr)
+    if sc.counts.nothing_scored is not None:
+        print(f"error: nothing was scored: {sc.counts.nothing_scored}", file=sys.stderr)
         return 1
     return 0
 

@@ -223,6 +223,11 @@ class ProtocolFailed(RequestFailed):
     kind = "protocol"
 
 
+class NothingScored(WeknoraNbError):
+    """A verdict asked of figures that do not exist: no request at all was scored (no valid query, every request
+    failed...), or every request of the stage asked for failed; the message says which and why."""
+
+
 class ReportError(WeknoraNbError):
     """A notebook failed; its partial notebook and HTML were saved first."""
 

@@ -159,9 +159,10 @@ class Run:
 
         Raises :class:`UsageError` naming the stages present when ``requested`` is not one of them.
         """
-        chosen = focus_stage(self.stages, requested, self.stage_definitions)
+        stages = self.scores.all_stages   # a stage with no scored request is one too: the caller says why
+        chosen = focus_stage(stages, requested, self.stage_definitions)
         if chosen is None:
-            raise UsageError(argument="stage", allowed=self.stages, got=requested)
+            raise UsageError(argument="stage", allowed=stages, got=requested)
         return chosen
 
     def inventory(self) -> pd.DataFrame | None:

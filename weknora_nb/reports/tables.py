@@ -119,20 +119,8 @@ def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
 
 
 def failed_stages(scores: Scores) -> dict[str, dict[str, int]]:
-    """Each stage none of whose requests succeeded -> its requests by status (``{"timeout": 12}``).
-
-    Such a stage has no figure: the scores leave it out (:attr:`Scores.stages`), the reports
-    say why instead. In the order of :attr:`Counts.stages`, then of the requests table.
-    """
-    req = scores.requests
-    status = req["status"].astype(str)
-    stage = req["stage"].astype(str)
-    out: dict[str, dict[str, int]] = {}
-    for name in dict.fromkeys([*map(str, scores.counts.stages), *stage]):
-        mine = status[stage == name]
-        if len(mine) and not (mine == "ok").any():
-            out[name] = {str(k): int(n) for k, n in mine.value_counts().items()}
-    return out
+    """Each stage none of whose requests succeeded -> its requests by status (:meth:`Scores.failed_stages`)."""
+    return scores.failed_stages()
 
 
 def failure_lines(scores: Scores, stages: list[str] | None = None) -> list[str]:
@@ -144,8 +132,8 @@ def failure_lines(scores: Scores, stages: list[str] | None = None) -> list[str]:
 
 
 def all_stages(run: Run) -> list[str]:
-    """The stages of the run's results: those scored (in report order), then those whose every request failed."""
-    return list(dict.fromkeys([*run.scores.stages, *failed_stages(run.scores)]))
+    """The stages of the run's results: those scored (in report order), then the others (:attr:`Scores.all_stages`)."""
+    return run.scores.all_stages
 
 
 def report_stage(run: Run, requested: str | None = None) -> str:

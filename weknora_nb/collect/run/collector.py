@@ -94,8 +94,8 @@ from weknora_nb.collect.run.results import RunSummary, tally, write_run_results
 from weknora_nb.collect.run.sessions import delete_sessions
 from weknora_nb.collect.run.snapshot import integrity_entry, take_snapshot
 from weknora_nb.collect.run.stages import Stage
-from weknora_nb.core.errors import AuthFailed
-from weknora_nb.core.run import CHUNKS
+from weknora_nb.core.errors import AuthFailed, UsageError
+from weknora_nb.core.run import CHUNKS, check_run_name
 from weknora_nb.core.testset import TestSet, load_testset
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     """
     t_start = time.perf_counter()
     args = checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup, out)
+    _check_name(run_name, Path(out))
     options = _Options(system, resume, retry_failed, inventory, progress, run_name, keep_sessions, integrity)
     lock = RunLock(out)
     try:
@@ -263,6 +264,16 @@ def _load_testset(testset: TestSet | str | Path) -> tuple[TestSet, str | None]:
     if isinstance(testset, TestSet):
         return testset, None
     return load_testset(testset), str(Path(testset).resolve())
+
+
+def _check_name(run_name: str | None, out: Path) -> None:
+    """:class:`UsageError` when the run's name (``run_name``, else the folder's name) could not name its report
+    (:func:`~weknora_nb.core.run.check_run_name`): refused before the run is made, by the rule ``report`` applies."""
+    if run_name is not None:
+        check_run_name(run_name, "run_name", error=UsageError)
+    else:
+        check_run_name(out.resolve().name, "--out (the run folder's name names the run and its report)",
+                       error=UsageError)
 
 
 def _fit_stages(args: Arguments, facts: ServerFacts, run_name: str) -> tuple[Arguments, list[str]]:

@@ -20,8 +20,8 @@ them, :mod:`~weknora_nb.core.scoring.inputs`):
 6. the tables: requests (missing requests included), per_query, excluded, by_repeat,
    summary; then the counts and the warnings (:mod:`~weknora_nb.core.scoring.tables`).
 
-System figure = mean over scored requests of a (stage, repeat); the stage figure is
-the mean of its repeat figures, with their spread (std, min, max).
+A stage's figure is the mean over its queries of each query's mean over its scored repeats (the basis of every
+interval and test of the stage, docs/method.md section 2), with the spread between repeats beside it.
 
 Steps 1, 2 and 4 need no test set (:mod:`weknora_nb.core.requests`: the results' side, every request's list
 laid out as if it were scored; step 3 then empties those not scored). The test set's labels
@@ -39,6 +39,7 @@ from weknora_nb.core.scoring.entry import score_files as score_files
 from weknora_nb.core.scoring.inputs import result_codes as result_codes
 from weknora_nb.core.scoring.scores import NO_ROWS as NO_ROWS
 from weknora_nb.core.scoring.scores import NO_TESTSET_ROW as NO_TESTSET_ROW
+from weknora_nb.core.scoring.scores import NO_VALID_QUERY as NO_VALID_QUERY
 from weknora_nb.core.scoring.scores import Counts as Counts
 from weknora_nb.core.scoring.scores import Scores as Scores
 from weknora_nb.core.scoring.scores import per_query_format as per_query_format

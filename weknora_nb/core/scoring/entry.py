@@ -118,7 +118,8 @@ def _score_prepared(testset: TestSet, prepared: Prepared, mets: list[Metric], la
     names = [m.name for m in mets]
     per_query = per_query_table(scored, values, names)
     by_repeat = by_repeat_table(per_query, names, stage_order)
-    summary = summary_table(by_repeat, queries_per_stage(req, sel.scored), names, stage_order, domain_adjustment)
+    summary = summary_table(per_query, by_repeat, queries_per_stage(req, sel.scored), names, stage_order,
+                            domain_adjustment)
     return Scores(metrics=mets, per_query=per_query, requests=requests, excluded=excluded, by_repeat=by_repeat,
                   summary=summary, counts=counts, testset=testset, warnings=warnings,
                   domain_adjustment=domain_adjustment)

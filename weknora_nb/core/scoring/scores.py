@@ -23,6 +23,7 @@ from weknora_nb.core.testset import TestSet
 #: :attr:`Counts.incomplete_reason` when there is nothing to score
 NO_ROWS = "the results file has no rows"
 NO_TESTSET_ROW = "no row belongs to a query of the test set"
+NO_VALID_QUERY = "no query of the test set is valid (none has a chunk of grade >= 1)"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,23 @@ class Counts:
                     "unknown-query requests")
         return None
 
+    @property
+    def nothing_scored(self) -> str | None:
+        """Why no request at all was scored, in plain words, or None when some were: the results have no row
+        (:data:`NO_ROWS`), none of a test-set query (:data:`NO_TESTSET_ROW`), no query of the test set is valid
+        (:data:`NO_VALID_QUERY`), or every request of a valid query failed or is missing."""
+        if self.n_requests == 0:
+            return NO_ROWS
+        if self.n_requests - self.n_missing - self.n_unknown_query <= 0:
+            return NO_TESTSET_ROW
+        if self.n_valid == 0:
+            return NO_VALID_QUERY
+        if self.n_scored == 0:
+            kinds = ", ".join(f"{k} {n}" for k, n in self.failed_by_kind.items())
+            return (f"every request of a valid query failed or is missing ({self.n_failed} failed"
+                    f"{f': {kinds}' if kinds else ''}; {self.n_missing} missing)")
+        return None
+
     def to_dict(self) -> dict:
         """Every field by name, in the order above (a deep copy: plain lists and dicts)."""
         return {f.name: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
@@ -117,8 +135,9 @@ class Scores:
     by_repeat : DataFrame
         Means per (stage, repeat): ``stage``, ``repeat``, ``n_scored``, one column per metric.
     summary : DataFrame
-        Long format, one row per (stage, metric): ``mean`` (mean of repeat means),
-        ``std`` / ``min`` / ``max`` across repeats, ``n_repeats``, ``n_queries``, ``tier``.
+        Long format, one row per (stage, metric): ``mean`` (mean over queries of each query's mean over
+        its scored repeats), ``std`` / ``min`` / ``max`` of the per-repeat means, ``n_repeats``,
+        ``n_queries``, ``tier``.
     counts : Counts
         Test-set and run counts, never hidden.
     warnings : list of str
@@ -150,6 +169,25 @@ class Scores:
     def stages(self) -> list[str]:
         """Stages of the summary, in report order."""
         return list(dict.fromkeys(self.summary["stage"]))
+
+    @property
+    def all_stages(self) -> list[str]:
+        """Every stage the results hold: those scored (in report order), then those with no scored request (every
+        request failed, or nothing could be scored at all: :attr:`Counts.nothing_scored`)."""
+        return list(dict.fromkeys([*self.stages, *map(str, self.counts.stages),
+                                   *self.requests["stage"].astype(str)]))
+
+    def failed_stages(self) -> dict[str, dict[str, int]]:
+        """Each stage none of whose requests succeeded -> its requests by status (``{"timeout": 12}``), in the
+        order of :attr:`Counts.stages`, then of the requests table. Such a stage has no figure."""
+        status = self.requests["status"].astype(str)
+        stage = self.requests["stage"].astype(str)
+        out: dict[str, dict[str, int]] = {}
+        for name in dict.fromkeys([*map(str, self.counts.stages), *stage]):
+            mine = status[stage == name]
+            if len(mine) and not (mine == "ok").any():
+                out[name] = {str(k): int(n) for k, n in mine.value_counts().items()}
+        return out
 
     @property
     def complete(self) -> bool:

@@ -1,8 +1,10 @@
 """Step 6 of scoring: the tables built from the scored requests (requests, per_query, excluded, by_repeat,
 summary), the :class:`~weknora_nb.core.scoring.scores.Counts` and the warnings every report shows.
 
-System figure = mean over scored requests of a (stage, repeat); the stage figure is the mean of its repeat
-figures, with their spread (std, min, max).
+A stage's figure (docs/method.md section 2) is the mean over its queries of each query's mean over its scored
+repeats: the basis every interval, test and delta of the stage is computed on (a query whose request failed in
+one repeat counts once, with the repeats it has). The spread between repeats (std, min, max of the per-repeat
+means) is reported beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pyarrow as pa
 
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.requests import Lists, Requests
-from weknora_nb.core.scoring.scores import NO_ROWS, NO_TESTSET_ROW, Counts
+from weknora_nb.core.scoring.scores import Counts
 from weknora_nb.core.scoring.selection import INVALID, Selection
 from weknora_nb.core.tiers import tier
 
@@ -133,11 +135,13 @@ def queries_per_stage(req: Requests, scored: np.ndarray) -> dict[str, int]:
     return {req.stages[k]: int(v) for k, v in zip(stage, n, strict=True)}
 
 
-def summary_table(by_repeat: pd.DataFrame, n_queries: dict[str, int], names: list[str], stage_order: list[str],
-                  domain_adjustment: float) -> pd.DataFrame:
-    """One row per (stage, metric) of a stage with a scored request: mean of the repeat
-    means, their std (ddof 1; 0 for one repeat), min and max, the repeats, the queries
-    scored and the tier of the mean."""
+def summary_table(per_query: pd.DataFrame, by_repeat: pd.DataFrame, n_queries: dict[str, int], names: list[str],
+                  stage_order: list[str], domain_adjustment: float) -> pd.DataFrame:
+    """One row per (stage, metric) of a stage with a scored request: the mean over queries of each query's mean
+    over its scored repeats, the std (ddof 1; 0 for one repeat), min and max of the per-repeat means, the
+    repeats, the queries scored and the tier of the mean."""
+    query_means = per_query.groupby(["stage", "query_id"], sort=False, observed=True)[names].mean()
+    stage_means = query_means.groupby(level="stage", sort=False, observed=True).mean()
     rows = []
     for stage in stage_order:  # stages x metrics: a few dozen rows at most
         br = by_repeat[by_repeat["stage"] == stage]
@@ -145,7 +149,7 @@ def summary_table(by_repeat: pd.DataFrame, n_queries: dict[str, int], names: lis
             continue
         for m in names:
             v = br[m].to_numpy()
-            mean = float(v.mean())
+            mean = float(stage_means.at[stage, m])
             rows.append({
                 "stage": stage, "metric": m, "mean": mean,
                 "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
@@ -190,8 +194,8 @@ def make_warnings(counts: Counts, domain_adjustment: float) -> list[str]:
         warnings.append(significance)
     if counts.n_invalid:
         warnings.append(f"{counts.n_invalid} invalid queries (no chunk of grade >= 1) are excluded from every mean.")
-    if counts.incomplete_reason in (NO_ROWS, NO_TESTSET_ROW):
-        warnings.append(f"The run is incomplete: {counts.incomplete_reason}, so nothing was scored.")
+    if counts.nothing_scored is not None:
+        warnings.append(f"Nothing was scored: {counts.nothing_scored}.")
     elif not counts.complete:
         warnings.append(f"The run is incomplete: {counts.n_failed} failed, {counts.n_missing} missing and "
                         f"{counts.n_unknown_query} unknown-query requests are excluded from the means.")
