@@ -321,3 +321,13 @@ def test_the_reports_of_a_run_with_nothing_scored_render_and_say_why(tmp_path):
     report = render_report(run, out_root=tmp_path / "reports", notebooks=["02_metrics", "03_stratify", "04_degraded"])
     for page in report.pages.values():
         assert "Nothing was scored: no query of the test set is valid" in page.read_text(encoding="utf-8")
+
+
+def test_collect_refuses_a_run_folder_whose_name_could_not_name_its_report(capsys, tmp_path):
+    ts = craft_testset(tmp_path)
+    out = tmp_path / "runs" / "a\\b"
+    code = cli.main(["collect", "--base-url", "http://127.0.0.1:9", "--kb-id", "kb", "--testset", str(ts),
+                     "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "field 'run_name': a run name" in err and "'a\\\\b'" in err
+    assert not out.exists()
