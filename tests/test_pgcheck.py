@@ -364,3 +364,29 @@ def test_weknora_query_shape_and_budgets():
     sql = vector_query_sql(1024)
     assert "ORDER BY embedding::halfvec(1024) <=> %(vector)s::halfvec(1024) LIMIT %(inner_limit)s" in sql
     assert "(is_enabled IS NULL OR is_enabled = true)" in sql
+
+
+def build_vector_typed(db: Any) -> None:
+    """A knowledge base like the clean one whose embeddings column is ``vector``, not WeKnora's ``halfvec``."""
+    b = Builder(db, seed=3)
+    b.model("m16", DIM)
+    b.kb("kb-v", "m16")
+    b.knowledge("k1", "kb-v")
+    b.healthy("kb-v", "k1", 50, "v-")
+    db.execute("ALTER TABLE embeddings ALTER COLUMN embedding TYPE vector USING embedding::vector")
+    db.execute("ANALYZE")
+
+
+def test_a_check_whose_steps_could_not_run_is_incomplete_never_clean(roles):
+    """Embeddings stored as ``vector``: some steps of the database check fail; the result says which and is not
+    clean (``weknora-nb check`` exits 1), whatever the findings (issue 46)."""
+    from weknora_nb.collect.checks.integrity import CheckResult
+
+    got = check_database(reader_dsn("vector_typed", build_vector_typed), ["kb-v"])
+    failed = {k for k, v in got["facts"]["steps"].items() if v["status"] != "ok"}
+    assert failed, got["facts"]["steps"]
+    result = CheckResult({"base_url": "http://x", "knowledge_base_ids": ["kb-v"], "database": True},
+                         [], [], {"api": {}, "database": got["facts"]}, fingerprint="f")
+    assert set(result.incomplete) == failed and not result.problems
+    assert f"INCOMPLETE: {len(failed)} step(s) could not run" in result.describe()
+    assert result.to_json()["incomplete"] == result.incomplete

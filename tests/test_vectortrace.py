@@ -6,6 +6,7 @@ server returning fixed vectors."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +19,7 @@ import pytest
 
 from weknora_nb.collect.checks.embeddings import EMBEDDINGS_API_KEY_ENV, EmbeddingSettings, embed_texts
 from weknora_nb.collect.checks.vectortrace import trace_queries
-from weknora_nb.core.errors import AuthFailed, ProtocolFailed
+from weknora_nb.core.errors import AuthFailed, ProtocolFailed, UsageError
 from weknora_nb.core.testset import TestSet
 
 pytest.importorskip("psycopg")
@@ -273,13 +274,20 @@ def test_a_search_failing_in_the_pipeline_raises_its_error_and_leaves_the_sessio
         s.conn.close()
 
 
-def test_queries_of_another_dimension_than_the_rows_are_warned_about(dsn, server, monkeypatch_module):
+@pytest.mark.parametrize(("vector", "said"), [
+    ([1.0] * 8, f"answers vectors of dimension 8, but the knowledge bases' embeddings have dimension {DIM}"),
+    ([0.0] * DIM, "answers an all-zero vector for 1 of 1 queries"),
+    ([1e308] * DIM, "answers values up to 1e+308, beyond the +-65504 WeKnora's halfvec embeddings hold"),
+])
+def test_an_embeddings_model_that_cannot_be_the_knowledge_bases_is_refused(dsn, server, monkeypatch_module, vector,
+                                                                          said):
+    """A model of another dimension, one that answers zeros or values a halfvec cannot hold would make every
+    labelled chunk an embedding miss (issue 46): refused, naming what the knowledge base has."""
     monkeypatch_module.setenv(EMBEDDINGS_API_KEY_ENV, KEY)
-    _Embeddings.vectors = {"short": [1.0] * 8}
-    result = trace_queries(dsn, ["kb-t"], [{"query_id": "s", "query": "short", "relevant": {"c1": 1}}],
-                           EmbeddingSettings(server, "other-model"), ef_sweep=())
-    assert result.chunks["status"].eq("embedding_miss").all() and not result.chunks["has_vector"].any()
-    assert "1 queries found no enabled row of their dimension [8]" in result.summary["warnings"][0]
+    _Embeddings.vectors = {"wrong": vector}
+    with pytest.raises(UsageError, match=re.escape(said)):
+        trace_queries(dsn, ["kb-t"], [{"query_id": "s", "query": "wrong", "relevant": {"c1": 1}}],
+                      EmbeddingSettings(server, "other-model"), ef_sweep=())
 
 
 def test_the_trace_is_written_and_holds_no_secret(trace, tmp_path):

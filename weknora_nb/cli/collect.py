@@ -116,7 +116,8 @@ def add_check(sub: Subparsers) -> None:
                        description="Through the API: labelled chunks that are missing, disabled or of a knowledge "
                        "whose parse failed (with --testset), knowledge without chunks or not parsed, chunks with "
                        "identical content, listings that fell short; with --dsn (a read-only Postgres role) the "
-                       "vectors too. Exit 0 when clean, 1 when a problem is found, 2 on unusable input.")
+                       "vectors too. Exit 0 when clean, 1 when a problem is found or a check could not run, 2 on "
+                       "unusable input.")
     c.add_argument("--base-url", required=True, type=base_url, help="WeKnora base URL, e.g. http://127.0.0.1:8080")
     c.add_argument("--kb-id", required=True, action="append", help="knowledge base id (repeatable)")
     c.add_argument("--testset", default=None, help="test set whose labels are checked against the knowledge base")
@@ -167,5 +168,5 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), ensure_ascii=False, indent=2))
     else:
         print(result.describe(first=args.first))
-    return 1 if result.problems else 0
+    return 1 if result.problems or result.incomplete else 0
 

@@ -56,10 +56,20 @@ class CheckResult:
         """The findings that fail the check (severity ``problem``)."""
         return [f for f in self.findings if f.severity == PROBLEM]
 
+    @property
+    def incomplete(self) -> dict[str, str]:
+        """The database steps that could not run (step -> why: ``timeout``, or the error), and an API listing that
+        fell short: a check that did not run is never reported as clean."""
+        steps = ((self.facts.get("database") or {}).get("steps") or {}).items()
+        out = {name: st.get("error") or st.get("status", "") for name, st in steps if st.get("status") != "ok"}
+        if self.fingerprint is None and self.facts.get("api") is not None:
+            out["listing"] = "the knowledge base's chunk listing fell short: its checks saw only part of it"
+        return out
+
     def to_json(self) -> dict[str, Any]:
         """Everything as JSON (``check --json``, a run folder's ``check.json``)."""
         return {"target": self.target, "checks": self.checks, "problems": len(self.problems),
-                "findings": [f.to_json() for f in self.findings], "facts": self.facts,
+                "incomplete": self.incomplete, "findings": [f.to_json() for f in self.findings], "facts": self.facts,
                 "fingerprint": self.fingerprint}
 
     def write(self, folder: str | Path) -> list[Path]:
@@ -91,6 +101,9 @@ class CheckResult:
             lines.append(f"  labels: {labels['n']} ({labels['relevant']} relevant) on {labels['chunks']} chunks, "
                          f"{labels['in_inventory']} of them listed")
         lines.append(describe_findings(self.findings, checks=self.checks, first=first))
+        if self.incomplete:
+            lines.append(f"INCOMPLETE: {len(self.incomplete)} step(s) could not run, so the verdict is not clean: "
+                         + "; ".join(f"{k} ({v})" for k, v in self.incomplete.items()))
         return "\n".join(lines)
 
 

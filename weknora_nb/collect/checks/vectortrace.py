@@ -149,6 +149,7 @@ def trace_queries(dsn: str, kb_ids: Sequence[str], queries: Any, embeddings: Emb
     t_embed = time.perf_counter() - t0
     s = connect_readonly(dsn, statement_timeout_s=statement_timeout_s, application_name="weknora-nb vector trace")
     try:
+        _check_vectors(vectors, _stored_dimensions(s, kb_ids), embeddings.model)
         iterative = "strict_order" if iterative_scan_supported(pgvector_version(s).get("vector")) else None
         plan = _Plan(s, kb_ids, cutoffs, top_k, inner, ef, sweep,
                      2.0 if vector_threshold is None else 1.0 - vector_threshold, iterative, vector_indexes(s))
@@ -161,6 +162,40 @@ def trace_queries(dsn: str, kb_ids: Sequence[str], queries: Any, embeddings: Emb
 
     return VectorTrace(pd.DataFrame(chunk_rows, columns=list(_CHUNK_COLUMNS)),
                        pd.DataFrame(query_rows, columns=list(_QUERY_COLUMNS)), summary)
+
+
+#: the largest magnitude WeKnora's ``halfvec`` column (IEEE half precision) holds
+HALFVEC_MAX = 65504.0
+
+
+def _stored_dimensions(s: PgSession, kb_ids: list[str]) -> list[int]:
+    """The dimensions of the knowledge bases' stored embeddings."""
+    rows = s.rows("SELECT DISTINCT dimension FROM embeddings WHERE knowledge_base_id = ANY(%s) AND dimension IS NOT"
+                  " NULL", (kb_ids,))
+    return sorted(int(r[0]) for r in rows)
+
+
+def _check_vectors(vectors: list[list[float]], stored: list[int], model: str) -> None:
+    """:class:`UsageError` when the embeddings model's vectors cannot be the knowledge base's: of a dimension its
+    stored embeddings do not have, all zero (no direction: every cosine distance undefined), or beyond what
+    WeKnora's ``halfvec`` holds. A wrong model would make every labelled chunk an "embedding miss"."""
+    import numpy as np
+
+    dims = sorted({len(v) for v in vectors})
+    if stored and not set(dims) & set(stored):
+        raise UsageError(f"--embeddings-model {model!r} answers vectors of dimension {', '.join(map(str, dims))}, "
+                         f"but the knowledge bases' embeddings have dimension {', '.join(map(str, stored))}: it is not "
+                         "the model they were indexed with")
+    m = np.array([v for v in vectors if len(v) == dims[0]], dtype=np.float64)
+    zero = int((np.abs(m).max(axis=1) == 0).sum()) if len(m) else 0
+    if zero:
+        raise UsageError(f"--embeddings-model {model!r} answers an all-zero vector for {zero} of {len(vectors)} "
+                         "queries: no cosine distance can be computed; is it the knowledge base's model?")
+    biggest = float(np.abs(m).max()) if m.size else 0.0
+    if biggest > HALFVEC_MAX:
+        raise UsageError(f"--embeddings-model {model!r} answers values up to {biggest:.3g}, beyond the "
+                         f"+-{HALFVEC_MAX:g} WeKnora's halfvec embeddings hold: it is not the model they were "
+                         "indexed with")
 
 
 _CHUNK_COLUMNS = ("query_id", "chunk_id", "grade", "k", "status", "exact_rank", "planned_rank", "exact_distance",
