@@ -41,6 +41,9 @@ class Counts:
         Requests scored (ok, of a valid query of the test set).
     n_failed : int
         Requests whose status is an error kind; ``failed_by_kind`` maps kind -> count.
+    n_skipped : int
+        Chat requests whose server skipped retrieval (status ``skipped``: a greeting, chit-chat): not scored, not
+        failed, the run stays complete; ``skipped_ids`` lists their query ids (first appearance order).
     n_missing : int
         (valid query, stage, repeat) combinations the run lacks while other queries have them.
     n_unknown_query : int
@@ -65,6 +68,8 @@ class Counts:
     n_scored: int
     n_failed: int
     failed_by_kind: dict[str, int]
+    n_skipped: int
+    skipped_ids: list[str]
     n_missing: int
     n_unknown_query: int
     n_duplicates_removed: int
