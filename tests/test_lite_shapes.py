@@ -165,6 +165,7 @@ def test_chats_name_the_ui_agent_and_a_skipped_retrieval_is_no_failure(lite, tmp
     res = read_results(tmp_path / "run" / "results.parquet")
     skipped = res[res["query_id"] == "q2"]
     assert skipped["status"].tolist() == ["skipped"] and skipped["chunk_id"].isna().all()
+    assert res["flags"].isna().all()   # q3's references are keyword hits only: chats are not flagged
     sc = score(TS, res)
     assert sc.complete and sc.counts.n_skipped == 1 and sc.counts.skipped_ids == ["q2"] and sc.counts.n_failed == 0
     assert sc.summary[sc.summary["metric"] == "recall@10"]["n_queries"].tolist() == [2]

@@ -71,7 +71,8 @@ SKIPPED = "skipped"
 NOT_FAILED = ("ok", SKIPPED)
 #: what ``flags`` may name, and what each means (docs/user-guide.md; both are heuristics)
 FLAGS = {
-    "vector_path_missing": "every primary hit is a keyword match although a knowledge base has vector retrieval: "
+    "vector_path_missing": "every primary hit of a knowledge-search answer is a keyword match although a knowledge "
+                           "base has vector retrieval: "
                            "the query's embedding probably failed and WeKnora answered from the keyword path alone "
                            "(a heuristic)",
     "references_rebuilt": "the chat's references lost match_type, sub_chunk_id and metadata: the server's Redis stream "

@@ -1,10 +1,12 @@
 """What the collector notices about one request's answer: the ``flags`` of the results table (both heuristics).
 
-- ``vector_path_missing`` (knowledge-search and chat): every primary hit (match type 0 or 1, C23) is a keyword
-  match (1) although a knowledge base of the run has vector retrieval. When the query's embedding fails (a
-  provider's 429 under load), WeKnora drops the vector path of that search and answers 200 with the keyword
-  hits alone (C34); nothing in the answer says so. A query whose vectors all fell below the threshold looks
-  the same, hence a heuristic: the figure of a flagged request is the keyword path's, not the pipeline's.
+- ``vector_path_missing`` (knowledge-search): every primary hit (match type 0 or 1, C23) is a keyword match (1)
+  although a knowledge base of the run has vector retrieval. When the query's embedding fails (a provider's 429
+  under load), WeKnora drops the vector path of that search and answers 200 with the keyword hits alone (C34);
+  nothing in the answer says so. A query whose vectors all fell below the threshold looks the same, hence a
+  heuristic: the figure of a flagged request is the keyword path's, not the pipeline's. Chats are not flagged:
+  the web UI's agent runs a vector threshold of 0.5 (C103), under which keyword-only references are common
+  without any failure.
 - ``references_rebuilt`` (chat): every reference has match type 0, no ``sub_chunk_id`` and either no
   ``metadata`` or no ``matched_content``: the server's Redis stream manager rebuilt them from a map, losing
   those fields (C106). Their match types say nothing, so a stage's ``keep_match_types`` is not applied to them.
@@ -31,7 +33,7 @@ def request_flags(endpoint: str, items: Sequence[dict[str, Any]], *, vector_retr
     flags = []
     if endpoint == "chat" and references_rebuilt(items):
         flags.append(REFERENCES_REBUILT)
-    elif endpoint in ("knowledge-search", "chat") and vector_retrieval and keyword_only(items):
+    elif endpoint == "knowledge-search" and vector_retrieval and keyword_only(items):
         flags.append(VECTOR_PATH_MISSING)
     return flags
 
