@@ -173,7 +173,12 @@ def test_chats_name_the_ui_agent_and_a_skipped_retrieval_is_no_failure(lite, tmp
     assert any("skipped retrieval" in w for w in sc.warnings)
     assert sc.to_json_dict()["counts"]["n_skipped"] == 1
     answers = read_answers(tmp_path / "run" / "answers.jsonl")
-    assert set(answers["query_id"]) == {"q1", "q2", "q3"}
+    assert set(answers["query_id"]) == {"q1", "q2", "q3"}   # the greeting's answer is kept, marked
+    from weknora_nb.analysis.citations import citation_scores
+    from weknora_nb.core.run import load_run
+
+    cs = citation_scores(load_run(tmp_path / "run", testset=TS), answers)
+    assert cs.n_answers == 2 and cs.n_failed == 0 and set(cs.per_answer["query_id"]) == {"q1", "q3"}
 
 
 @pytest.mark.contract("C64", "C104")
