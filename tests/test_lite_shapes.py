@@ -316,6 +316,9 @@ def test_knowledge_bases_of_different_embedding_models_are_refused_before_any_re
     # without a hybrid-search stage nothing is compared (knowledge-search groups by model itself)
     models["m-hash"]["base_url"] = "http://other:9000/v1"
     assert run(lite, tmp_path / "final", stages="final", kb_ids=[KB, "kb-hash"]).complete
+    # a knowledge base without an embedding model (wiki or graph only) is left out, as WeKnora leaves it out
+    two["kb-hash"]["embedding_model_id"] = ""
+    assert run(lite, tmp_path / "wiki", stages="hybrid", kb_ids=[KB, "kb-hash"]).complete
 
 
 # -- 10. reranker notes -------------------------------------------------------------------------------

@@ -218,21 +218,22 @@ def adapt_stages(stages: list[Stage], *, defaults: bool, kb_types: Mapping[str, 
 async def check_embedding_models(client: WeKnoraClient, facts: ServerFacts, kb_ids: list[str],
                                  stages: list[Stage]) -> list[str]:
     """Refuse (UsageError, exit 2) a run whose hybrid-search stages search knowledge bases of different
-    embedding models together: WeKnora answers every such request 400 (C107). Identity is the model's name
-    and base URL (``GET /api/v1/models/{id}``), not its id. Returns notes: what could not be compared."""
+    embedding models together: WeKnora answers every such request 400 from v0.7.2, and before embeds the
+    query with the first knowledge base's model for all (C107). Identity is the model's name
+    and base URL (``GET /api/v1/models/{id}``), not its id; a knowledge base without an embedding model is left
+    out, as WeKnora leaves it out. Returns notes: what could not be compared."""
     together = [s for s in stages if s.endpoint == "hybrid-search" and "knowledge_base_ids" not in s.params]
     if len(kb_ids) < 2 or not together:
         return []
-    model_ids = {kb: (facts.knowledge_bases.get(kb) or {}).get("embedding_model_id") for kb in kb_ids}
-    if all(model_ids.values()) and len(set(model_ids.values())) == 1:
+    entries = {kb: facts.knowledge_bases.get(kb) or {"error": "not read"} for kb in kb_ids}
+    unknown = [f"{kb} (not read: {e['error']})" for kb, e in entries.items() if "error" in e]
+    # a knowledge base without an embedding model (wiki or graph only) is left out, as WeKnora leaves it out
+    model_ids = {kb: e["embedding_model_id"] for kb, e in entries.items() if e.get("embedding_model_id")}
+    if not unknown and len(set(model_ids.values())) <= 1:
         return []
     identity: dict[str, str] = {}
-    unknown: list[str] = []
     models: dict[str, dict[str, Any] | None] = {}
     for kb, mid in model_ids.items():
-        if not mid:
-            unknown.append(f"{kb} (no embedding model recorded)")
-            continue
         if mid not in models:
             models[mid] = await _model(client, str(mid))
         model = models[mid]
@@ -245,10 +246,11 @@ async def check_embedding_models(client: WeKnoraClient, facts: ServerFacts, kb_i
     distinct = {v.rsplit(" (model id", 1)[0] for v in identity.values()}
     if len(distinct) > 1:
         names = "; ".join(f"{kb}: {v}" for kb, v in identity.items())
-        raise UsageError(f"--kb-id: these knowledge bases use different embedding models, so WeKnora answers every "
-                         f"hybrid-search over them with a 400 (one embedding model per multi-KB search, "
-                         f"docs/weknora-contract.md C107): {names}. Collect each in a run of its own, or leave out "
-                         f"the hybrid-search stages ({', '.join(s.name for s in together)})")
+        raise UsageError(f"--kb-id: these knowledge bases use different embedding models, so no hybrid-search over "
+                         f"them can be measured (WeKnora answers each with a 400 from v0.7.2, and embeds the query "
+                         f"with one model for all before, docs/weknora-contract.md C107): {names}. Collect each in a "
+                         f"run of its own, or leave out the hybrid-search stages "
+                         f"({', '.join(s.name for s in together)})")
     if unknown:
         note = ("the embedding models of the knowledge bases searched together could not all be compared (C107): "
                 + ", ".join(unknown))
