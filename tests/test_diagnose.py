@@ -107,17 +107,25 @@ def test_threshold_filtered_uses_the_effective_thresholds_of_an_all_zero_config(
     assert any("vector_threshold 0.3 (request)" in e for e in evidence(d, "hybrid"))
 
 
-@pytest.mark.contract("C19", "C56")
-def test_a_keyword_threshold_is_claimed_only_off_postgres():
+@pytest.mark.contract("C19", "C56", "C109")
+def test_a_keyword_threshold_is_claimed_only_on_opensearch():
     stages = {"vector": ["d:1"], "keyword": ["d:1", "d:5"], "final": ["d:1", "d:2", "d:3"]}
     sc = {("keyword", "d:5"): 0.1}  # below the default keyword threshold 0.3
     cfg = {"embedding_top_k": 50, "rerank_top_k": 10}  # keyword_threshold 0: the default 0.3
-    for server in (None, POSTGRES, {**POSTGRES, "keyword_index_engine": "postgres,elasticsearch_v8"}):
+    ignoring = ("postgres", "postgres,opensearch", "elasticsearch_v8", "elasticsearch_v7", "weaviate", "sqlite",
+                "milvus")
+    for server in (None, POSTGRES, *({**POSTGRES, "keyword_index_engine": e} for e in ignoring)):
         assert "threshold filtered" not in causes(run({"d:5": 3}, stages, scores=sc, cfg=cfg, server=server))
-    d = run({"d:5": 3}, stages, scores=sc, cfg=cfg, server={**POSTGRES, "keyword_index_engine": "elasticsearch_v8"})
+    d = run({"d:5": 3}, stages, scores=sc, cfg=cfg, server={**POSTGRES, "keyword_index_engine": "opensearch"})
     assert any("keyword score 0.100 < keyword_threshold 0.3" in e for e in evidence(d))
     assert "0.3, ignored by the Postgres keyword path (C19)" in set(
         run({"d:5": 3}, stages, scores=sc, cfg=cfg, server=POSTGRES).what_ran()["keyword_threshold"])
+    notes = {e: set(run({"d:5": 3}, stages, scores=sc, cfg=cfg, server={**POSTGRES, "keyword_index_engine": e})
+                    .what_ran()["keyword_threshold"]) for e in ("elasticsearch_v8", "sqlite", "weaviate", "milvus")}
+    assert "0.3, ignored by the Elasticsearch keyword path (C109)" in notes["elasticsearch_v8"]
+    assert "0.3, ignored by the SQLite keyword path (C109)" in notes["sqlite"]
+    assert "0.3, ignored by the Weaviate keyword path (C109)" in notes["weaviate"]
+    assert any("not known whether the milvus keyword path applies it" in n for n in notes["milvus"])
 
 
 def test_vector_miss():

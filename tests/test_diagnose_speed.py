@@ -23,8 +23,8 @@ from pandas.testing import assert_frame_equal
 from weknora_nb.analysis import diagnose as dg
 from weknora_nb.analysis.diagnose import overlap
 from weknora_nb.analysis.diagnose.diagnosis import _listings, _lists
-from weknora_nb.core.results import expand_sub_chunks
 from weknora_nb.core.segmenter import jieba_ready
+from weknora_nb.core.unfold import expand_sub_chunks
 
 from .conftest import examples, results_frame
 

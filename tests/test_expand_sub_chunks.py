@@ -1,6 +1,7 @@
 """``expand_sub_chunks`` (vectorised: sort codes, one take per column) against the plain pandas formulation
 (copy, explode, concatenate, sort by the key, renumber) on random tables: ties, missing keys, duplicate
-absorbed ids, nulls in the lists, integer ids, categorical / object / string columns, a non-default index."""
+absorbed ids, nulls in the lists, integer ids, categorical / object / string columns, a non-default index,
+``shown_chunk_ids`` given or not row by row, lists naming the result's own id (never unfolded again)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,29 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from weknora_nb.core.results import expand_sub_chunks, read_results
+from weknora_nb.core.results import read_results
+from weknora_nb.core.unfold import expand_sub_chunks
 
 from .conftest import examples
 
 
 def reference_expand(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Copy, explode the lists, concatenate, sort by the key, renumber: the plain pandas formulation."""
-    if "sub_chunk_ids" not in df.columns or not df["sub_chunk_ids"].notna().any():
+    columns = [c for c in ("sub_chunk_ids", "shown_chunk_ids") if c in df.columns and df[c].notna().any()]
+    if not columns:
         return df, 0
-    subs = df["sub_chunk_ids"].astype("string")
-    blank = subs.str.strip()
-    has = (subs.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
+    chosen = pd.Series([None] * len(df), index=df.index, dtype="string")
+    for c in columns:   # shown_chunk_ids wins where it gives a value ("[]" included)
+        text = df[c].astype("string")
+        given = text.notna() & (text.str.strip() != "")
+        chosen = chosen.mask(given, text)
+    blank = chosen.str.strip()
+    has = (chosen.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
     if not has.any():
         return df, 0
-    lists = [json.loads(t) for t in subs[has].tolist()]
+    own = df["chunk_id"].astype("string")[has].tolist()
+    lists = [[x for x in json.loads(t) if x is None or o is pd.NA or str(x) != o]
+             for t, o in zip(chosen[has].tolist(), own, strict=True)]
     base = df.copy()
     for c in base.columns:
         if isinstance(base[c].dtype, pd.CategoricalDtype):
@@ -51,7 +60,8 @@ def reference_expand(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return out.drop(columns="_sub").reset_index(drop=True), n
 
 
-SUBS = [None, "", "[]", " [ ] ", '["x1"]', '["x2", null, "x3"]', '[1, "y"]', "[null]", '["d", "d"]']
+SUBS = [None, "", "[]", " [ ] ", '["x1"]', '["x2", null, "x3"]', '[1, "y"]', "[null]", '["d", "d"]', '["c1", "x4"]',
+        '["c2"]']
 
 
 def random_table(rng: random.Random) -> pd.DataFrame:
@@ -68,6 +78,8 @@ def random_table(rng: random.Random) -> pd.DataFrame:
     for c in ("query_id", "stage", "chunk_id", "knowledge_id"):
         df[c] = df[c].astype(rng.choice(["string", "object", "category"]))
     df["sub_chunk_ids"] = df["sub_chunk_ids"].astype(rng.choice(["string", "object"]))
+    if rng.random() < 0.5:
+        df["shown_chunk_ids"] = pd.array([rng.choice(SUBS) for _ in range(n)], dtype="string")
     if rng.random() < 0.3:
         df.index = [f"r{i}" for i in range(n)]
     return df

@@ -166,7 +166,7 @@ def test_inventory_changes_name_the_chunks():
     assert (diff["added"], diff["removed"], diff["content_changed"], diff["enabled_changed"]) == (
         ["c4"], ["c3"], ["c1"], ["c2"])
     assert diff["counts"] == {"added": 1, "removed": 1, "content_changed": 1, "enabled_changed": 1,
-                              "parse_status_changed": 0}
+                              "parse_status_changed": 0, "index_status_changed": 0}
 
 
 def test_findings_summarise_merge_and_mark_broken_chunks():

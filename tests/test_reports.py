@@ -346,7 +346,7 @@ def test_open_run_resolves_the_focus_stage_and_scores_with_the_adjustment(report
 def test_the_degraded_report_says_what_ran_and_counts_unexplained_queries(reports):
     tmp, rep, _ = reports
     page = rep.pages["04_degraded"].read_text(encoding="utf-8")
-    assert "tenant retrieval config" in page and "server conversation config" in page
+    assert "tenant retrieval config" in page and "agent configuration (builtin-quick-answer)" in page  # C103
     assert re.search(r"<th>unexplained</th>", page)  # the summary's row, shown even when 0
     # the rerank version registers a rerank model: its final lists carry model scores, and the table says it ran
     final = load_run(tmp / "runs" / "rerank").results.query("stage == 'final'")

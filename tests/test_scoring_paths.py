@@ -229,7 +229,8 @@ def test_counts_are_typed_frozen_and_complete_follows_from_them():
     assert isinstance(c, scoring.Counts)
     assert c.to_dict() == {
         "n_queries": 2, "n_valid": 1, "n_invalid": 1, "invalid_ids": ["q2"], "n_requests": 3, "n_scored": 1,
-        "n_failed": 0, "failed_by_kind": {}, "n_missing": 0, "n_unknown_query": 1, "n_duplicates_removed": 1,
+        "n_failed": 0, "failed_by_kind": {}, "n_skipped": 0, "skipped_ids": [], "n_missing": 0,
+        "n_unknown_query": 1, "n_duplicates_removed": 1,
         "n_sub_chunks_expanded": 0, "stages": ["final"], "repeats": [1], "complete": False}
     assert list(c.to_dict()) == [f.name for f in dataclasses.fields(c)]
     with pytest.raises(dataclasses.FrozenInstanceError):

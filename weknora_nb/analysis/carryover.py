@@ -121,11 +121,15 @@ def ngrams(text: str, n: int) -> Counter[str]:
 # inventories and links
 # ---------------------------------------------------------------------------------------
 def read_inventory(path: str | Path, by: str = "knowledge_id") -> pd.DataFrame:
-    """A chunk inventory (``chunks.parquet`` shape): chunk_id, ``by`` and content are needed."""
+    """A chunk inventory (``chunks.parquet`` shape): chunk_id, ``by`` and content are needed. Its
+    ``parent_text`` chunks are left out: labels belong to chunks search can return, and a parent holds its
+    children's text (C100), so it would take their labels."""
     p = Path(path)
     with reading(p):
         inv = pd.read_parquet(p)
     _check_inventory(inv, str(p), by)
+    if "chunk_type" in inv.columns:
+        inv = inv[(inv["chunk_type"].astype("string") != "parent_text").fillna(True)].reset_index(drop=True)
     return inv
 
 

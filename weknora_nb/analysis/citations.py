@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from weknora_nb.core.results import NOT_FAILED, SKIPPED
 from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import score
 from weknora_nb.core.testset import TestSet
@@ -140,15 +141,20 @@ def _references(results: pd.DataFrame) -> dict[tuple[str, int], list[str]]:
 
 
 def citation_scores(run: Run, answers: pd.DataFrame, *, stage: str = "citations") -> CitationScores:
-    """Score every answer of ``stage`` (``answers`` as :func:`weknora_nb.core.answers.read_answers` reads)."""
+    """Score every answer of ``stage`` (``answers`` as :func:`weknora_nb.core.answers.read_answers` reads), but
+    those of chats whose server skipped retrieval (status ``skipped``: neither scored nor failed)."""
     ts = run.testset
     grades = {(q, c): g for q, c, g in zip(ts.qrels["query_id"], ts.qrels["chunk_id"], ts.qrels["grade"],
                                            strict=True)}
     n_rel = ts.queries.set_index("query_id")["n_relevant"]
     res = run.results[(run.results["stage"] == stage) & (run.results["status"] == "ok")]
     refs = _references(res)
-    failed = run.results[(run.results["stage"] == stage) & (run.results["status"] != "ok")]
+    mine = run.results[run.results["stage"] == stage]
+    failed = mine[~mine["status"].isin(NOT_FAILED)]
+    skipped = set(zip(*(mine.loc[mine["status"] == SKIPPED, c].tolist() for c in ("query_id", "repeat")), strict=True))
     a = answers[answers["stage"] == stage].copy()
+    if skipped:   # a chat that skipped retrieval is scored by no mean (docs/method.md section 2)
+        a = a[[(q, r) not in skipped for q, r in zip(a["query_id"], a["repeat"], strict=True)]]
     valid = a["query_id"].isin(ts.valid_ids)
     rows = a[valid].reset_index(drop=True)
     rows["cited"] = rows["citations"].map(_distinct)

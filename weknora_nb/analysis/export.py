@@ -41,9 +41,10 @@ from weknora_nb.analysis.gate import GateResult
 from weknora_nb.core.errors import UsageError, writing
 from weknora_nb.core.files import atomic_path
 from weknora_nb.core.metrics import parse_metric
-from weknora_nb.core.results import expand_sub_chunks, write_trec_run
+from weknora_nb.core.results import write_trec_run
 from weknora_nb.core.run import Run, load_run
 from weknora_nb.core.testset import TestSet
+from weknora_nb.core.unfold import expand_sub_chunks
 
 #: the run formats :func:`export_run` writes
 FORMATS = ("ranx", "trec")

@@ -129,8 +129,9 @@ def _run_names(runs: Sequence[str | Path]) -> list[tuple[str, Path]]:
 def _top_chunks(folder: Path, known: set[str], depth: int) -> tuple[pd.DataFrame, int, int]:
     """(query_id, stage, chunk_id, rank) of the top ``depth`` distinct chunks of each request of a run,
     best rank over its repeats; plus the number of failed requests and of rows of unknown queries."""
-    from weknora_nb.core.results import expand_sub_chunks, read_results
+    from weknora_nb.core.results import read_results
     from weknora_nb.core.run import RESULTS
+    from weknora_nb.core.unfold import expand_sub_chunks
 
     if not (folder / RESULTS).is_file():
         raise RunFolderError(f"--runs: {folder} holds no {RESULTS}: the collection has not finished")

@@ -13,6 +13,7 @@ from typing import Any
 
 from weknora_nb.cli.options import Subparsers, base_url, int_at_least, positive_seconds
 from weknora_nb.core.errors import Interrupted, UsageError
+from weknora_nb.core.weknora import UI_CHAT_AGENT
 
 log = logging.getLogger("weknora_nb")
 
@@ -44,6 +45,10 @@ def add_collect(sub: Subparsers) -> None:
                         "checked, and a change during the run is recorded)")
     c.add_argument("--keep-sessions", action="store_true",
                    help="keep the chat sessions the run creates (default: deleted at the end)")
+    c.add_argument("--chat-agent", default=UI_CHAT_AGENT, metavar="ID",
+                   help=f"the agent chat stages name, as WeKnora's web UI does (default {UI_CHAT_AGENT}: the "
+                        "UI's normal chat, with that agent's retrieval settings); 'none' sends no agent_id "
+                        "(config.yaml's conversation settings)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_collect)
 
@@ -76,7 +81,8 @@ def _collect_from_args(args: argparse.Namespace) -> int:
         summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
                           concurrency=args.concurrency, warmup=args.warmup, system=system, resume=args.resume,
                           retry_failed=args.retry_failed, inventory=not args.no_inventory,
-                          progress=not args.quiet, keep_sessions=args.keep_sessions, integrity=not args.no_check)
+                          progress=not args.quiet, keep_sessions=args.keep_sessions, integrity=not args.no_check,
+                          chat_agent=args.chat_agent)
     except (AuthFailed, NotFound) as exc:
         raise UsageError(str(exc)) from None
     print(summary.describe())
@@ -113,8 +119,9 @@ def _interrupted_message(args: argparse.Namespace) -> str:
 
 def add_check(sub: Subparsers) -> None:
     c = sub.add_parser("check", help="check a knowledge base's integrity before measuring it (exit 1: problems)",
-                       description="Through the API: labelled chunks that are missing, disabled or of a knowledge "
-                       "whose parse failed (with --testset), knowledge without chunks or not parsed, chunks with "
+                       description="Through the API: labelled chunks that are missing, disabled, of a knowledge "
+                       "whose parse failed or that search can never return (index not ready, a parent_text chunk) "
+                       "(with --testset), knowledge without chunks or not parsed, chunks with "
                        "identical content, listings that fell short; with --dsn (a read-only Postgres role) the "
                        "vectors too. Exit 0 when clean, 1 when a problem is found or a check could not run, 2 on "
                        "unusable input.")

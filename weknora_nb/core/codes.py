@@ -26,7 +26,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-_STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids")
+_STRINGS = ("query_id", "stage", "chunk_id", "knowledge_id", "status", "error", "sub_chunk_ids", "parent_chunk_id",
+            "shown_chunk_ids", "flags")
+#: the results columns that hold a JSON list of chunk ids (:mod:`weknora_nb.core.unfold`)
+ID_LIST_COLUMNS = ("sub_chunk_ids", "shown_chunk_ids")
 _INTS = ("repeat", "rank", "chunk_index", "match_type")
 _FLOATS = ("score", "latency_ms", "base_score", "model_score")
 #: categorical on read: few distinct values, many rows
@@ -45,6 +48,18 @@ def _report(problems: list[Problem], path: str, rows, field: str, message: str, 
         shown = f", got {got(int(r))}" if got is not None else ""
         where = "line" if first_row > 1 else "row"
         problems.append(Problem(path, int(r) + first_row, field, message + shown, where))
+
+
+def _value_at(column: pd.Series) -> Callable[[int], str]:
+    """What a problem shows for row position ``r`` of ``column``: its value, repr'd as Python's
+    (``1e+20``, ``[1, 2]``, not ``np.float64(1e+20)``, ``array([1, 2])``)."""
+    def shown(r: int) -> str:
+        v = column.iloc[r]
+        v = v.tolist() if isinstance(v, np.ndarray) else v.item() if isinstance(v, np.generic) else v
+        text = repr(v)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return shown
+
 
 
 @dataclass
@@ -442,8 +457,10 @@ def _parquet_codes(p: Path) -> ResultCodes | None:
     names = schema.names
     if len(set(names)) != len(names) or not _fast_types(schema):
         return None
-    if "sub_chunk_ids" in names:
-        subs = pq.read_table(p, columns=["sub_chunk_ids"]).column("sub_chunk_ids")
+    for name in ID_LIST_COLUMNS:   # a list to unfold (or to check): the table's way, read_results
+        if name not in names:
+            continue
+        subs = pq.read_table(p, columns=[name]).column(name)
         if pa.types.is_string(subs.type) or pa.types.is_large_string(subs.type):
             given = pc.utf8_trim_whitespace(pc.fill_null(subs, ""))
             if pc.any(pc.invert(pc.is_in(given, pa.array(["", "[]"])))).as_py():

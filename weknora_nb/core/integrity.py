@@ -20,6 +20,8 @@ CHECKS: dict[str, str] = {
     "label_chunk_missing": "a labelled chunk id is not in the knowledge base",
     "label_chunk_disabled": "a labelled chunk is disabled (WeKnora does not retrieve it)",
     "label_chunk_failed_parse": "a labelled chunk belongs to a knowledge whose parsing failed or was cancelled",
+    "label_chunk_unsearchable": "a labelled chunk search can never return: its index_status is processing or "
+                                "failed, or it is a parent_text chunk (search returns its children)",
     "knowledge_without_chunks": "a knowledge has no chunks",
     "knowledge_failed_parse": "a knowledge's parsing failed or was cancelled",
     "knowledge_not_ready": "a knowledge is still being parsed or deleted: its chunks may change",
@@ -69,7 +71,8 @@ def findings_from_json(items: list[dict[str, Any]] | None) -> list[Finding]:
 
 
 #: the checks through the API, in report order (the label checks need a test set)
-LABEL_CHECKS: tuple[str, ...] = ("label_chunk_missing", "label_chunk_disabled", "label_chunk_failed_parse")
+LABEL_CHECKS: tuple[str, ...] = ("label_chunk_missing", "label_chunk_disabled", "label_chunk_failed_parse",
+                                 "label_chunk_unsearchable")
 API_CHECKS: tuple[str, ...] = (*LABEL_CHECKS, "knowledge_without_chunks", "knowledge_failed_parse",
                                "knowledge_not_ready", "duplicate_content", "inventory_incomplete")
 #: the checks through a read-only Postgres DSN
@@ -81,8 +84,8 @@ RUN_CHECKS: tuple[str, ...] = ("changed_during_run",)
 
 #: the checks that make a labelled chunk unfindable or ambiguous -> the marker a drill-down shows beside the label
 BROKEN_CHUNK: dict[str, str] = {"label_chunk_missing": "missing", "label_chunk_disabled": "disabled",
-                                "label_chunk_failed_parse": "parse failed", "chunk_without_embedding": "no embedding",
-                                "duplicate_content": "duplicated"}
+                                "label_chunk_failed_parse": "parse failed", "label_chunk_unsearchable": "unsearchable",
+                                "chunk_without_embedding": "no embedding", "duplicate_content": "duplicated"}
 
 
 def merge_findings(*groups: list[Finding]) -> list[Finding]:

@@ -4,7 +4,8 @@ Inputs:
 
 - the chunk inventory (``chunks.parquet``, the columns of ``collect.run.inventory.INVENTORY_COLUMNS``:
   ``chunk_id``, ``knowledge_base_id``, ``knowledge_id``, ``knowledge_title``, ``chunk_index``,
-  ``chunk_type``, ``is_enabled``, ``parse_status``, ``content``);
+  ``chunk_type``, ``parent_chunk_id``, ``is_enabled``, ``index_status``, ``parse_status``, ``content``;
+  inventories of older collectors lack ``parent_chunk_id`` and ``index_status``);
 - the knowledge list (``knowledge.parquet``, :data:`KNOWLEDGE_COLUMNS`): every knowledge, those
   without chunks too, with how its chunk listing ended (``listing``: ``ok``, ``incomplete``,
   ``failed``);
@@ -12,18 +13,22 @@ Inputs:
 
 Findings (:class:`~weknora_nb.core.integrity.Finding`, rules in :data:`~weknora_nb.core.integrity.CHECKS`):
 
-- ``label_chunk_missing`` / ``label_chunk_disabled`` / ``label_chunk_failed_parse``: one finding per
-  labelled chunk (subject: the chunk id), the queries that label it in ``data`` (``queries``: grade
-  >= 1, ``grade_0_queries``: grade 0). A **problem** when some query labels it relevant (grade >= 1):
-  that query's relevant chunk cannot be retrieved (or, parse failed, may be stale), so its figures
-  fall for a reason that is not retrieval's. **Info** when only grade-0 labels point at it: a chunk
-  judged irrelevant that cannot come back changes no metric.
+- ``label_chunk_missing`` / ``label_chunk_disabled`` / ``label_chunk_failed_parse`` /
+  ``label_chunk_unsearchable``: one finding per labelled chunk (subject: the chunk id), the queries that
+  label it in ``data`` (``queries``: grade >= 1, ``grade_0_queries``: grade 0). A **problem** when some
+  query labels it relevant (grade >= 1): that query's relevant chunk cannot be retrieved (or, parse
+  failed, may be stale), so its figures fall for a reason that is not retrieval's. **Info** when only
+  grade-0 labels point at it: a chunk judged irrelevant that cannot come back changes no metric.
+  Unsearchable (:func:`unsearchable_chunks`): an ``index_status`` search drops (``processing``,
+  ``failed``: C102), or a ``parent_text`` chunk (search returns its children, never it: C100/C102; only
+  the as-shown scoring of knowledge-search and chat credits it, through a child).
 - ``knowledge_failed_parse`` (parse status ``failed`` or ``cancelled``, C51) and ``knowledge_not_ready``
   (``pending``, ``processing``, ``finalizing``, ``deleting``: its chunks are changing) per knowledge;
   ``knowledge_without_chunks`` for a knowledge whose listing was complete, with no chunk of a searchable
   type, and whose parse status says nothing else (a failed or unfinished one is reported as such, once).
 - ``duplicate_content``: chunks of one knowledge base whose content has the same SHA-256 (distinct chunk
-  ids, empty content left out); one finding per group, every chunk id in ``data["chunk_ids"]`` (and the
+  ids, empty content and ``parent_text`` chunks left out: a parent of one child holds that child's text); one
+  finding per group, every chunk id in ``data["chunk_ids"]`` (and the
   labelled ones among them, ``labelled``, when labels are given): relevance split between copies.
 - ``inventory_incomplete``: a knowledge list or a chunk listing that fell short of its total, or failed.
 
@@ -42,6 +47,7 @@ from typing import Any
 import pandas as pd
 
 from weknora_nb.core.integrity import API_CHECKS, INFO, LABEL_CHECKS, PROBLEM, Finding
+from weknora_nb.core.weknora import UNSEARCHABLE_INDEX_STATUSES
 
 #: the knowledge list's columns (one row per knowledge of the knowledge bases)
 KNOWLEDGE_COLUMNS = ["knowledge_id", "knowledge_base_id", "knowledge_title", "parse_status", "enable_status",
@@ -51,6 +57,24 @@ FAILED_PARSE = ("failed", "cancelled")
 NOT_READY = ("pending", "processing", "finalizing", "deleting")
 #: at most this many query ids per label finding (``n_queries`` counts them all)
 MAX_IDS = 200
+#: C100/C101: the chunk type search never returns (the parents of a parent-child knowledge base)
+PARENT_TEXT = "parent_text"
+
+
+def unsearchable_chunks(chunks: pd.DataFrame) -> dict[str, str]:
+    """Chunk id -> why search can never return it: its ``index_status`` is one search drops (C102), or it is a
+    ``parent_text`` chunk (C100/C102). Disabled chunks have a check of their own. Columns an older inventory
+    lacks are read as nothing to say."""
+    out: dict[str, str] = {}
+    if "index_status" in chunks.columns:
+        status = chunks["index_status"].astype("string")
+        for c, st in zip(chunks["chunk_id"].astype(str), status, strict=True):
+            if isinstance(st, str) and st in UNSEARCHABLE_INDEX_STATUSES:
+                out[c] = f"its index_status is {st} (search drops it, C102)"
+    if "chunk_type" in chunks.columns:
+        for c in chunks.loc[chunks["chunk_type"].astype("string") == PARENT_TEXT, "chunk_id"].astype(str):
+            out.setdefault(c, "it is a parent_text chunk (search returns its children, never it, C100)")
+    return out
 
 
 def checks_applied(labels: bool) -> list[str]:
@@ -89,32 +113,38 @@ def label_findings(chunks: pd.DataFrame, labels: pd.DataFrame, *, complete: bool
     in_kb = lab["chunk_id"].isin(known.index)
     enabled = ~lab["chunk_id"].isin(known.index[~known["is_enabled"].astype(bool).to_numpy()])
     status = lab["chunk_id"].map(known["parse_status"])
+    unsearchable = unsearchable_chunks(known)
     rules = [("label_chunk_missing", ~in_kb), ("label_chunk_disabled", in_kb & ~enabled),
-             ("label_chunk_failed_parse", in_kb & status.isin(FAILED_PARSE))]
+             ("label_chunk_failed_parse", in_kb & status.isin(FAILED_PARSE)),
+             ("label_chunk_unsearchable", in_kb & lab["chunk_id"].isin(list(unsearchable)))]
     out: list[Finding] = []
     for check, mask in rules:
         for chunk_id, group in lab[mask].groupby("chunk_id", sort=True):
             row = known.loc[chunk_id] if chunk_id in known.index else None
-            out.append(_label_finding(check, str(chunk_id), group, row, complete))
+            out.append(_label_finding(check, str(chunk_id), group, row, complete, unsearchable.get(str(chunk_id))))
     return out
 
 
 def _label_finding(check: str, chunk_id: str, group: pd.DataFrame, row: pd.Series | None,
-                   complete: bool) -> Finding:
-    """The finding of one labelled chunk: a problem when some label is relevant (grade >= 1), else info."""
+                   complete: bool, why: str | None = None) -> Finding:
+    """The finding of one labelled chunk: a problem when some label is relevant (grade >= 1), else info
+    (``why``: why an unsearchable chunk is one)."""
     positive = group.loc[group["grade"] > 0, "query_id"].drop_duplicates().tolist()
     zero = group.loc[group["grade"] <= 0, "query_id"].drop_duplicates().tolist()
     unlisted = "" if complete else " (the listing is incomplete: it may be unlisted)"
     what = {"label_chunk_missing": "is not in the knowledge base" + unlisted,
             "label_chunk_disabled": "is disabled",
             "label_chunk_failed_parse": f"belongs to knowledge {_value(row, 'knowledge_id')} whose parse status is "
-                                        f"{_value(row, 'parse_status')}"}[check]
+                                        f"{_value(row, 'parse_status')}",
+            "label_chunk_unsearchable": f"cannot be returned by search: {why}"}[check]
     whose = (f"labelled relevant by {len(positive)} query(ies), e.g. {', '.join(positive[:3])}" if positive else
              f"labelled irrelevant (grade 0) only, by {len(zero)} query(ies): no metric changes")
     data: dict[str, Any] = {"queries": positive[:MAX_IDS], "grade_0_queries": zero[:MAX_IDS],
                             "n_queries": len(positive) + len(zero)}
     if row is not None:
         data.update(knowledge_id=_value(row, "knowledge_id"), knowledge_title=_value(row, "knowledge_title"))
+    if why is not None:
+        data.update(reason=why, chunk_type=_value(row, "chunk_type"), index_status=_value(row, "index_status"))
     return Finding(check, chunk_id, f"chunk {chunk_id} {what}; {whose}", PROBLEM if positive else INFO,
                    None if row is None else _value(row, "knowledge_base_id"), data)
 
@@ -184,6 +214,8 @@ def duplicate_findings(chunks: pd.DataFrame, *, labelled: set[str] | None = None
     (SHA-256 of its UTF-8; empty or blank content is left out)."""
     text = chunks["content"].map(lambda c: c if isinstance(c, str) else "")
     keep = text.str.strip() != ""
+    if "chunk_type" in chunks.columns:
+        keep &= (chunks["chunk_type"].astype("string") != PARENT_TEXT).fillna(True)
     frame = chunks.loc[keep, ["chunk_id", "knowledge_base_id", "knowledge_id"]].astype(str).assign(
         sha=text[keep].map(_sha256))
     frame = frame.drop_duplicates(["knowledge_base_id", "chunk_id"])
@@ -209,7 +241,8 @@ def _sha256(text: str) -> str:
 
 # -- facts --------------------------------------------------------------------------------------------
 def api_facts(chunks: pd.DataFrame, knowledge: pd.DataFrame, labels: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Counts per knowledge base: ``knowledge``, ``chunks``, ``enabled``, ``disabled``, ``chunk_types``
+    """Counts per knowledge base: ``knowledge``, ``chunks``, ``enabled``, ``disabled``, ``unsearchable`` (parents and
+    chunks whose index_status search drops, :func:`unsearchable_chunks`), ``chunk_types``
     {type: n}, ``parse_status`` {status: knowledge}, ``chunks_per_knowledge`` {min, median, max} and
     ``per_knowledge`` [{knowledge_id, title, chunks, chunk_types}]; with labels, ``labels`` {n, relevant,
     chunks, in_inventory} (``relevant``: labels of grade >= 1)."""
@@ -237,7 +270,7 @@ def _kb_facts(mine: pd.DataFrame, ks: pd.DataFrame) -> dict[str, Any]:
     titles = dict(zip(ks["knowledge_id"].astype(str), ks["knowledge_title"], strict=True))
     return {
         "knowledge": len(ids), "chunks": int(len(mine)), "enabled": int(mine["is_enabled"].astype(bool).sum()),
-        "disabled": int((~mine["is_enabled"].astype(bool)).sum()),
+        "disabled": int((~mine["is_enabled"].astype(bool)).sum()), "unsearchable": len(unsearchable_chunks(mine)),
         "chunk_types": {str(t): int(n) for t, n in mine["chunk_type"].value_counts().sort_index().items()},
         "parse_status": {str(s): int(n) for s, n in ks["parse_status"].fillna("unknown").value_counts()
                          .sort_index().items()},
@@ -249,11 +282,13 @@ def _kb_facts(mine: pd.DataFrame, ks: pd.DataFrame) -> dict[str, Any]:
 
 # -- the fingerprint ----------------------------------------------------------------------------------
 def inventory_fingerprint(frame: pd.DataFrame) -> str:
-    """``sha256:<hex>`` over the inventory's rows, sorted: chunk_id, is_enabled, parse_status, content.
+    """``sha256:<hex>`` over the inventory's rows, sorted: chunk_id, is_enabled, parse_status, content, and
+    (when the inventory has them) index_status, chunk_type, parent_chunk_id.
 
-    The listing's order does not change it; any change of a chunk's content, enabled flag or
-    knowledge parse status, or a chunk added or removed, does. Each field is length-prefixed
-    (no two inventories share a byte stream) and a missing value is told from an empty one.
+    The listing's order (pages, passes, ties) does not change it; any change of a chunk's content,
+    enabled flag, index status, type or parent, or of its knowledge's parse status, or a chunk added
+    or removed, does. Each field is length-prefixed (no two inventories share a byte stream) and a
+    missing value is told from an empty one.
     """
     rows = sorted(_fields(frame))
     h = hashlib.sha256()
@@ -264,11 +299,17 @@ def inventory_fingerprint(frame: pd.DataFrame) -> str:
     return "sha256:" + h.hexdigest()
 
 
+#: the fields an inventory of this collector adds to the fingerprint (an older inventory's fingerprint lacks them)
+_MORE_FIELDS = ("index_status", "chunk_type", "parent_chunk_id")
+
+
 def _fields(frame: pd.DataFrame) -> Iterable[tuple[tuple[int, str], ...]]:
-    """Each row's four fields as (tag, text): tag 0 for a missing value, 1 for a present one."""
+    """Each row's fields as (tag, text): tag 0 for a missing value, 1 for a present one."""
     cols = [frame[c].tolist() for c in ("chunk_id", "is_enabled", "parse_status", "content")]
-    for cid, enabled, status, content in zip(*cols, strict=True):
-        yield (_tagged(cid), (1, "1" if bool(enabled) else "0"), _tagged(status), _tagged(content))
+    more = [frame[c].tolist() for c in _MORE_FIELDS] if all(c in frame.columns for c in _MORE_FIELDS) else []
+    for i, (cid, enabled, status, content) in enumerate(zip(*cols, strict=True)):
+        yield (_tagged(cid), (1, "1" if bool(enabled) else "0"), _tagged(status), _tagged(content),
+               *(_tagged(m[i]) for m in more))
 
 
 def _tagged(v: Any) -> tuple[int, str]:
@@ -277,11 +318,13 @@ def _tagged(v: Any) -> tuple[int, str]:
 
 def inventory_changes(before: pd.DataFrame, after: pd.DataFrame, *, first: int = 20) -> dict[str, Any]:
     """What changed from ``before`` to ``after`` (two inventories): chunk ids ``added``, ``removed``,
-    ``content_changed``, ``enabled_changed``, ``parse_status_changed`` (the first ``first`` of each,
-    sorted) and ``counts`` of each."""
+    ``content_changed``, ``enabled_changed``, ``parse_status_changed``, ``index_status_changed`` (the first
+    ``first`` of each, sorted) and ``counts`` of each."""
     def keyed(f: pd.DataFrame) -> pd.DataFrame:
         f = f.drop_duplicates("chunk_id").astype({"chunk_id": str})
-        return f.set_index("chunk_id")[["is_enabled", "parse_status", "content"]]
+        if "index_status" not in f.columns:
+            f = f.assign(index_status=None)
+        return f.set_index("chunk_id")[["is_enabled", "parse_status", "content", "index_status"]]
     a, b = keyed(before), keyed(after)
     both = a.index.intersection(b.index)
     aa, bb = a.loc[both], b.loc[both]
@@ -291,7 +334,7 @@ def inventory_changes(before: pd.DataFrame, after: pd.DataFrame, *, first: int =
         return sorted(both[(x != y).to_numpy()])
     changes = {"added": sorted(b.index.difference(a.index)), "removed": sorted(a.index.difference(b.index)),
                "content_changed": differs("content"), "enabled_changed": differs("is_enabled"),
-               "parse_status_changed": differs("parse_status")}
+               "parse_status_changed": differs("parse_status"), "index_status_changed": differs("index_status")}
     return {**{k: v[:first] for k, v in changes.items()}, "counts": {k: len(v) for k, v in changes.items()}}
 
 

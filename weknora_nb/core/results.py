@@ -3,7 +3,9 @@
 One row per returned chunk::
 
     query_id  stage  repeat  rank  chunk_id  score   [knowledge_id chunk_index match_type
-                                                      latency_ms status error]
+                                                      latency_ms status error sub_chunk_ids
+                                                      base_score model_score parent_chunk_id
+                                                      shown_chunk_ids flags]
 
 - ``rank`` is 1-based and is the order the system returned the chunks in (never a
   re-sort by score, never WeKnora's ``seq``).
@@ -13,6 +15,12 @@ One row per returned chunk::
   no chunk (``chunk_id`` and ``rank`` empty) and optionally an ``error`` message.
 - A successful request that returned nothing is one row with status ``"ok"`` and no
   chunk: it scores 0, whereas a failed request is excluded and counted.
+- ``"skipped"`` (:data:`SKIPPED`) is a chat whose server decided not to retrieve (a greeting, chit-chat):
+  one row, no chunk; neither a failure nor an empty list, it is excluded from the means and counted.
+- ``sub_chunk_ids`` (WeKnora's ``sub_chunk_id``) and ``shown_chunk_ids`` (the chunks whose content the result
+  shows besides itself) are JSON lists of chunk ids, unfolded by :func:`weknora_nb.core.unfold.expand_sub_chunks`;
+  ``parent_chunk_id`` is the result's parent chunk (parent-child knowledge bases); ``flags`` names what the
+  collector noticed about the request, comma-separated and repeated on its rows (:data:`FLAGS`).
 
 Files: Parquet, CSV and JSONL (:func:`read_results`, :func:`write_results`); TREC run
 files (:func:`read_trec_run`, :func:`write_trec_run`).
@@ -32,7 +40,6 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,16 +55,31 @@ from weknora_nb.core.codes import (
     ResultCodes,
     _arrow_is_text,
     _report,
+    _value_at,
     parquet_codes,
 )
 from weknora_nb.core.errors import Problem, ResultsError, UsageError, reading
 from weknora_nb.core.files import atomic_path
+from weknora_nb.core.unfold import check_id_lists
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("query_id", "stage", "repeat", "rank", "chunk_id", "score")
+#: the status of a chat whose server skipped retrieval: not a failure, not scored (docs/method.md section 2)
+SKIPPED = "skipped"
+#: the statuses that are no failure of the request
+NOT_FAILED = ("ok", SKIPPED)
+#: what ``flags`` may name, and what each means (docs/user-guide.md; both are heuristics)
+FLAGS = {
+    "vector_path_missing": "every primary hit of a knowledge-search answer is a keyword match although a knowledge "
+                           "base has vector retrieval: "
+                           "the query's embedding probably failed and WeKnora answered from the keyword path alone "
+                           "(a heuristic)",
+    "references_rebuilt": "the chat's references lost match_type, sub_chunk_id and metadata: the server's Redis stream "
+                          "manager rebuilt them (a heuristic); match types were not filtered",
+}
 OPTIONAL_COLUMNS = ("knowledge_id", "chunk_index", "match_type", "latency_ms", "status", "error",
-                    "sub_chunk_ids", "base_score", "model_score")
+                    "sub_chunk_ids", "base_score", "model_score", "parent_chunk_id", "shown_chunk_ids", "flags")
 
 
 def read_results(path: str | Path, *, validate: bool = True) -> pd.DataFrame:
@@ -177,7 +199,7 @@ def _coerce(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int
             if bad is not None and bad.any():
                 _report(problems, path, np.flatnonzero(bad), c, message, first_row, _value_at(df[c]))
             df[c] = converted
-    _check_sub_chunk_ids(df, path, problems, first_row)
+    check_id_lists(df, path, problems, first_row)
     return df
 
 
@@ -260,17 +282,6 @@ def _to_text(s: pd.Series) -> tuple[pd.Series, np.ndarray | None]:
         return s.astype("string"), None
     bad = ~np.fromiter((_is_text_value(v) for v in s.to_numpy()), dtype=bool, count=len(s))
     return s.where(~bad, None).astype("string"), bad
-
-
-def _value_at(column: pd.Series) -> Callable[[int], str]:
-    """What a problem shows for row position ``r`` of ``column``: its value, repr'd as Python's
-    (``1e+20``, ``[1, 2]``, not ``np.float64(1e+20)``, ``array([1, 2])``)."""
-    def shown(r: int) -> str:
-        v = column.iloc[r]
-        v = v.tolist() if isinstance(v, np.ndarray) else v.item() if isinstance(v, np.generic) else v
-        text = repr(v)
-        return text if len(text) <= 80 else text[:77] + "..."
-    return shown
 
 
 def validate_results(df: pd.DataFrame, path: str = "<memory>", *, first_row: int = 1,
@@ -439,147 +450,3 @@ def write_trec_run(df: pd.DataFrame, path: str | Path, *, stage: str | None = No
         for i in range(n):
             fh.write(f"{qid[i]} Q0 {cid[i]} {rank[i]} {score[i]:.6f} {name}\n")
     return n
-
-
-def expand_sub_chunks(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Unfold merged results: each absorbed chunk id (``sub_chunk_ids``, a JSON list) is placed
-    right after its result, and ranks are renumbered 1..n within each request.
-
-    WeKnora's merge step folds neighbouring chunks into one result whose content the user
-    (and the LLM) sees; unfolding credits those chunks at the positions they occupy.
-    Returns the new table and the number of chunks unfolded.
-
-    An absorbed chunk's row is its result's row with its own ``chunk_id`` and no ``chunk_index``,
-    ``knowledge_id``, ``score``, ``base_score``, ``model_score`` or ``match_type``. Rows come out sorted by
-    (query_id, stage, repeat, rank, position after the result), missing values last, ties in their first
-    order; categorical columns come out as strings; ``rank`` counts, per (query_id, stage, repeat), the rows
-    with a chunk (rows without one, or with a key missing, get none).
-    """
-    if "sub_chunk_ids" not in df.columns or not df["sub_chunk_ids"].notna().any():
-        return df, 0
-    subs = df["sub_chunk_ids"].astype("string")
-    blank = subs.str.strip()
-    has = (subs.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
-    if not has.any():
-        return df, 0
-    lists, bad = _sub_chunk_lists(subs[has])
-    if len(bad):
-        problems: list[Problem] = []
-        _report(problems, "<results>", np.flatnonzero(has)[bad], "sub_chunk_ids", _SUB_CHUNKS_FORMAT, 1,
-                _value_at(subs))
-        raise ResultsError("<results>", problems)
-    absorbed = [[str(x) for x in ids if x is not None] for ids in lists]
-    counts = np.zeros(len(df), np.int64)
-    counts[has] = [len(ids) for ids in absorbed]
-    parent = np.repeat(np.arange(len(df)), 1 + counts)       # each row, then a row per absorbed chunk
-    first = np.repeat(np.cumsum(1 + counts) - 1 - counts, 1 + counts)
-    sub = np.arange(len(parent)) - first                       # 0: the result itself
-    base = df.reset_index(drop=True)
-    keys = [_sort_codes(base[c]) for c in ("query_id", "stage", "repeat", "rank")]
-    ids = np.empty(len(parent), dtype=object)
-    ids[sub > 0] = [c for chunk_ids in absorbed for c in chunk_ids]  # laid out as the rows are, before sorting
-    order = np.lexsort((np.arange(len(parent)), sub, *(k[parent] for k in reversed(keys))))
-    rows, extra, ids = parent[order], sub[order] > 0, ids[order]
-    out = pd.DataFrame({c: _unfolded(base[c], rows, extra, c, ids) for c in base.columns})
-    out["rank"] = _renumbered(out, keys, rows)
-    return out, int(counts.sum())
-
-
-#: the columns an absorbed chunk's row leaves empty (its result's own facts)
-_RESULT_ONLY = ("chunk_index", "knowledge_id", "score", "base_score", "model_score", "match_type")
-
-
-def _sort_codes(col: pd.Series) -> np.ndarray:
-    """Integer sort keys of ``col`` in the order pandas sorts it (strings by value, also when categorical;
-    missing values last). A categorical column's keys are its categories' places among them sorted as strings
-    (each category converted and compared once, not each row)."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        names = np.array([str(c) for c in col.cat.categories], dtype=object)
-        _, place = np.unique(names, return_inverse=True)   # categories written alike share their place
-        lookup = np.append(place.astype(np.int64), len(names))   # code -1 (missing) takes the last slot: last
-        return lookup[col.cat.codes.to_numpy()]
-    codes, _ = pd.factorize(col, sort=True)
-    codes = np.asarray(codes, dtype=np.int64)
-    return np.where(codes < 0, codes.max(initial=-1) + 1, codes)
-
-
-def _unfolded(col: pd.Series, rows: np.ndarray, extra: np.ndarray, name: str, ids: np.ndarray) -> Any:
-    """Column ``name`` of the unfolded table: ``col`` at ``rows``; on the absorbed chunks' rows (``extra``) the
-    chunk id ``ids`` for ``chunk_id``, nothing for :data:`_RESULT_ONLY`. Categorical columns become strings."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        taken = _category_strings(col, rows)
-    else:
-        taken = col.take(rows).reset_index(drop=True)
-    if name == "chunk_id":
-        values = taken.to_numpy(dtype=object, copy=True)
-        values[extra] = ids[extra]
-        return pd.Series(values, dtype=taken.dtype)
-    if name in _RESULT_ONLY and extra.any():
-        return taken.where(~extra, None) if taken.dtype == object else taken.mask(extra)
-    return taken
-
-
-def _category_strings(col: pd.Series, rows: np.ndarray) -> pd.Series:
-    """``col.astype("string")`` at ``rows`` for a categorical ``col``, each category converted once (Arrow)."""
-    codes = col.cat.codes.to_numpy()[rows]
-    categories = pa.array([str(c) for c in col.cat.categories], type=pa.large_string())
-    decoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), categories).dictionary_decode()
-    return pd.Series(pd.array(decoded, dtype=pd.StringDtype()))
-
-
-def _renumbered(out: pd.DataFrame, keys: list[np.ndarray], rows: np.ndarray) -> Any:
-    """Ranks 1..n over the rows with a chunk within each (query_id, stage, repeat) of the sorted table; <NA>
-    for rows without a chunk or with one of the three missing."""
-    counted = out["chunk_id"].notna().to_numpy(dtype=bool, copy=True)
-    for c in ("query_id", "stage", "repeat"):
-        counted &= out[c].notna().to_numpy(dtype=bool)
-    at = np.flatnonzero(counted)
-    q, s, r = (k[rows[at]] for k in keys[:3])
-    new_group = np.ones(len(at), dtype=bool)
-    new_group[1:] = (q[1:] != q[:-1]) | (s[1:] != s[:-1]) | (r[1:] != r[:-1])
-    starts = np.flatnonzero(new_group)
-    rank = np.arange(len(at)) - np.repeat(starts, np.diff(np.append(starts, len(at)))) + 1
-    values = np.zeros(len(out), dtype=np.int64)
-    values[at] = rank
-    return pd.arrays.IntegerArray(values, ~counted)
-
-
-_SUB_CHUNKS_FORMAT = 'must be a JSON list of chunk ids such as ["c1", "c2"]'
-
-
-def _sub_chunk_lists(subs: pd.Series) -> tuple[list[list], np.ndarray]:
-    """Each value of ``subs`` (text) parsed as a JSON list of chunk ids (strings or integers; nulls
-    are skipped later), and the positions of the values that are not such a list. Each distinct text is
-    parsed once (a request's repeats and stages carry the same lists)."""
-    codes, texts = pd.factorize(subs)
-    parsed = [_chunk_id_list(t) for t in texts]
-    lists = [parsed[c] if parsed[c] is not None else [] for c in codes]
-    bad = [i for i, c in enumerate(codes) if parsed[c] is None]
-    return lists, np.asarray(bad, dtype=np.int64)
-
-
-def _chunk_id_list(text: str) -> list | None:
-    """``text`` as a JSON list of chunk ids (strings, integers, nulls), or None when it is not one."""
-    try:
-        ids = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    ok = isinstance(ids, list) and all(
-        x is None or isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)) for x in ids)
-    return ids if ok else None
-
-
-def _check_sub_chunk_ids(df: pd.DataFrame, path: str, problems: list[Problem], first_row: int) -> None:
-    """A problem per row whose ``sub_chunk_ids`` is given but not a JSON list of chunk ids; those become missing."""
-    if "sub_chunk_ids" not in df.columns:
-        return
-    subs = df["sub_chunk_ids"]
-    blank = subs.str.strip()
-    has = (subs.notna() & (blank != "") & (blank != "[]")).to_numpy(dtype=bool)
-    if not has.any():
-        return
-    _, bad = _sub_chunk_lists(subs[has])
-    if len(bad):
-        rows = np.flatnonzero(has)[bad]
-        _report(problems, path, rows, "sub_chunk_ids", _SUB_CHUNKS_FORMAT, first_row, _value_at(subs))
-        df["sub_chunk_ids"] = subs.mask(np.isin(np.arange(len(subs)), rows))

@@ -21,6 +21,16 @@ CHUNK_TYPES: tuple[str, ...] = ("text", "parent_text", "image_ocr", "image_capti
                                 "relationship", "faq", "web_search", "table_summary", "table_column", "wiki_page")
 SEARCHABLE_CHUNK_TYPES: tuple[str, ...] = ("text", "summary", "table_column", "table_summary", "faq", "image_ocr",
                                            "image_caption")
+#: C101: what a run's inventory lists: every searchable type and the ``parent_text`` chunks (listed only when asked
+#: for by name), so that a child's family is known
+LISTED_CHUNK_TYPES: tuple[str, ...] = (*SEARCHABLE_CHUNK_TYPES, "parent_text")
+#: C102: the ``index_status`` values (v0.7.2+) whose chunks search drops; ``ready`` (or none, before v0.7.2) is
+#: searchable
+UNSEARCHABLE_INDEX_STATUSES: tuple[str, ...] = ("processing", "failed")
+#: C103: the agent the web UI's normal chat sends (``agent_id``, with ``agent_enabled: false``)
+UI_CHAT_AGENT = "builtin-quick-answer"
+#: C104: the progress step (a ``tool_call`` event) a chat announces when it retrieves
+RETRIEVAL_PROGRESS_TOOL = "knowledge_search"
 
 #: C12: envelope error code -> (name, HTTP status)
 ERROR_CODES: dict[int, tuple[str, int]] = {
@@ -32,10 +42,15 @@ ERROR_CODES: dict[int, tuple[str, int]] = {
 
 #: where the retrieval settings of each endpoint come from: hybrid-search and FAQ search take them in the
 #: request (C16, C45); knowledge-search has no per-request settings, it runs the tenant retrieval config
-#: (C27, C29); chat runs config.yaml's ``conversation.*`` (C66)
+#: (C27, C29); chat runs config.yaml's ``conversation.*`` (C66), or an agent's settings when the request names
+#: one (:data:`AGENT_SETTINGS`, C66, C103)
 SETTINGS_SOURCES: dict[str, str] = {"hybrid-search": "request", "faq-search": "request",
                                     "knowledge-search": "tenant retrieval config",
                                     "chat": "server conversation config"}
+#: the settings source of a chat that names an agent (``agent <id>`` follows)
+AGENT_SETTINGS = "agent configuration"
+#: C45: the vector threshold FAQ search applies when the request sets none (or <= 0)
+FAQ_VECTOR_THRESHOLD = 0.7
 
 #: C30: what a value <= 0 (or absent) in the tenant retrieval config means
 RETRIEVAL_DEFAULTS: dict[str, float] = {

@@ -86,11 +86,13 @@ def html_table(df: pd.DataFrame, **kw: Any) -> str:
 
 
 def counts_table(scores: Scores) -> pd.DataFrame:
-    """Counts that every report carries: queries, invalid, failed, missing, duplicates."""
+    """Counts that every report carries: queries, invalid, failed, skipped, missing, duplicates."""
     c = scores.counts
     rows = [("queries in the test set", c.n_queries), ("valid queries", c.n_valid),
             ("invalid queries (excluded)", c.n_invalid), ("requests scored", c.n_scored),
-            ("requests failed (excluded)", c.n_failed), ("requests missing (excluded)", c.n_missing),
+            ("requests failed (excluded)", c.n_failed),
+            ("chat requests that skipped retrieval (excluded, not failed)", c.n_skipped),
+            ("requests missing (excluded)", c.n_missing),
             ("unknown query ids (excluded)", c.n_unknown_query),
             ("duplicate chunk ids removed", c.n_duplicates_removed),
             ("merged neighbour chunks unfolded", c.n_sub_chunks_expanded),

@@ -40,13 +40,17 @@ def _cell(r: pd.Series) -> str:
 
 
 def _count_lines(c: Counts) -> list[str]:
-    """The counts line, then failures by kind and the invalid query ids when there are any."""
+    """The counts line, then failures by kind, the skipped and the invalid query ids when there are any."""
     out = [f"queries: {c.n_queries}  valid: {c.n_valid}  invalid: {c.n_invalid}  "
-           f"scored requests: {c.n_scored}  failed: {c.n_failed}  missing: {c.n_missing}  "
+           f"scored requests: {c.n_scored}  failed: {c.n_failed}  skipped: {c.n_skipped}  missing: {c.n_missing}  "
            f"unknown: {c.n_unknown_query}  duplicates removed: {c.n_duplicates_removed}  "
            f"repeats: {c.repeats}"]
     if c.failed_by_kind:
         out.append("failed by kind: " + ", ".join(f"{k}={v}" for k, v in c.failed_by_kind.items()))
+    if c.skipped_ids:
+        shown = c.skipped_ids[:MAX_IDS_SHOWN]
+        more = f" (+{len(c.skipped_ids) - MAX_IDS_SHOWN} more)" if len(c.skipped_ids) > MAX_IDS_SHOWN else ""
+        out.append("skipped retrieval (not failed, not scored): " + ", ".join(shown) + more)
     if c.invalid_ids:
         shown = c.invalid_ids[:MAX_IDS_SHOWN]
         more = f" (+{len(c.invalid_ids) - MAX_IDS_SHOWN} more)" if len(c.invalid_ids) > MAX_IDS_SHOWN else ""

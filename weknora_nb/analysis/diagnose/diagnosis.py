@@ -20,10 +20,10 @@ from weknora_nb.analysis.diagnose.query import DegradedQuery, KnowledgeBase, Lis
 from weknora_nb.analysis.diagnose.rules import UNEXPLAINED, causes, find_causes
 from weknora_nb.analysis.diagnose.settings import StageSettings, effective_config, rerank_column, stage_settings
 from weknora_nb.core.pipeline import role_of, stage_order, upstream
-from weknora_nb.core.results import expand_sub_chunks
 from weknora_nb.core.run import Run
 from weknora_nb.core.scoring import Scores
 from weknora_nb.core.testset import TestSet
+from weknora_nb.core.unfold import expand_sub_chunks
 
 
 @dataclass

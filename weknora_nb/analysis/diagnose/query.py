@@ -22,15 +22,18 @@ import pandas as pd
 
 from weknora_nb.analysis.diagnose.overlap import overlap
 from weknora_nb.analysis.diagnose.settings import REQUEST, StageSettings
+from weknora_nb.core.integrity_api import unsearchable_chunks
 
 
 @dataclass(frozen=True)
 class KnowledgeBase:
-    """What the chunk listing says: the enabled chunk ids (None: no listing), chunk positions and texts."""
+    """What the chunk listing says: the enabled chunk ids search can return (None: no listing), chunk positions
+    and texts, and the listed chunks search never returns with why (a parent, an index not ready: C100-C102)."""
 
     enabled: set[str] | None
     positions: dict[str, tuple[str, int]]  # chunk_id -> (knowledge_id, chunk_index)
     content: dict[str, str] = field(default_factory=dict)  # chunk_id -> text
+    unsearchable: dict[str, str] = field(default_factory=dict)  # chunk_id -> why search never returns it
 
     @classmethod
     def of(cls, inventory: pd.DataFrame | None, listed: pd.DataFrame) -> KnowledgeBase:
@@ -40,9 +43,12 @@ class KnowledgeBase:
         enabled: set[str] | None = None
         pos: dict[str, tuple[str, int]] = {}
         content: dict[str, str] = {}
+        unsearchable: dict[str, str] = {}
         if inventory is not None and len(inventory):
             inv = inventory
+            unsearchable = unsearchable_chunks(inv)
             enabled = set(inv.loc[inv["is_enabled"].fillna(True).astype(bool), "chunk_id"].astype(str))
+            enabled -= set(unsearchable)
             pos = {c: (kid, int(i)) for c, kid, i in zip(*column_lists(inv, "chunk_id", "knowledge_id",
                                                                        "chunk_index"), strict=True) if pd.notna(i)}
             if "content" in inv.columns:
@@ -53,7 +59,7 @@ class KnowledgeBase:
             for c, kid, i in zip(*column_lists(placed, "chunk_id", "knowledge_id", "chunk_index"), strict=True):
                 if c not in pos:
                     pos[c] = (kid, int(i))
-        return cls(enabled, pos, content)
+        return cls(enabled, pos, content, unsearchable)
 
 
 def column_lists(frame: pd.DataFrame, *names: str) -> list[list[Any]]:

@@ -121,9 +121,13 @@ def causes() -> tuple[str, ...]:
 
 @cause("label/KB mismatch", decisive=True)
 def _label_kb_mismatch(lost: LostChunk) -> list[str]:
-    """The label names a chunk the knowledge base does not have (or has disabled)."""
-    enabled = lost.query.kb.enabled
-    if enabled is not None and lost.chunk_id not in enabled:
+    """The label names a chunk the knowledge base does not have, has disabled, or never lets search return (a
+    parent_text chunk, an index_status search drops: C100-C102)."""
+    kb = lost.query.kb
+    why = kb.unsearchable.get(lost.chunk_id)
+    if why is not None:
+        return [f"{lost.chunk_id} (grade {lost.grade}) cannot be returned by search: {why}"]
+    if kb.enabled is not None and lost.chunk_id not in kb.enabled:
         return [f"{lost.chunk_id} (grade {lost.grade}) is not an enabled chunk of the knowledge base"]
     return []
 

@@ -6,7 +6,8 @@ manifest's ``stages.<name>.settings_source``, else follows from its role: a know
 server's conversation settings (:data:`CONVERSATION`, C66), any other stage what its request asked
 (:data:`REQUEST`). Knowledge-search's thresholds and top-k are those of the *effective* retrieval config
 (:func:`effective_config`: a tenant config's zeros are the defaults, C30); a keyword threshold applies
-only when the server's keyword engine is not Postgres (C19).
+only when the server's keyword engine is OpenSearch (C109: Weaviate, Elasticsearch v7/v8, Postgres and
+SQLite ignore it).
 """
 
 from __future__ import annotations
@@ -50,16 +51,30 @@ def _release(server: Mapping[str, Any] | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in m.groups()) if m else None
 
 
+#: C109: the keyword engines (``RETRIEVE_DRIVER`` names) that apply a keyword threshold, and those that ignore it
+KEYWORD_THRESHOLD_APPLIED = ("opensearch",)
+KEYWORD_THRESHOLD_IGNORED = {"postgres": ("Postgres", "C19"), "sqlite": ("SQLite", "C109"),
+                             "weaviate": ("Weaviate", "C109"), "elasticsearch": ("Elasticsearch", "C109")}
+
+
 def _keyword_engine_note(server: Mapping[str, Any] | None) -> str | None:
-    """None when a keyword threshold applies: the server's keyword engine is not Postgres (C19: the
-    Postgres keyword path ignores its threshold); otherwise why it does not apply."""
+    """None when a keyword threshold applies: every keyword engine of the server is OpenSearch (C109); otherwise
+    why it does not apply: an engine that ignores it (Postgres C19, SQLite, Weaviate, Elasticsearch v7/v8:
+    C109), one whose rule was not read, none configured, none recorded."""
     engines = server.get("keyword_index_engine") if isinstance(server, Mapping) else None
     if not isinstance(engines, str) or not engines.strip():
         return "keyword engine not recorded"
-    names = {e.strip().lower() for e in engines.split(",") if e.strip()}
-    if any(n.startswith("postgres") for n in names):
-        return "ignored by the Postgres keyword path (C19)"
-    return None if names and "未配置" not in names else "no keyword engine configured"
+    names = [e.strip().lower() for e in engines.split(",") if e.strip()]
+    if not names or "未配置" in names:
+        return "no keyword engine configured"
+    ignoring = [found for n in names for key, found in KEYWORD_THRESHOLD_IGNORED.items() if n.startswith(key)]
+    if ignoring:
+        labels = "/".join(dict.fromkeys(label for label, _ in ignoring))
+        return f"ignored by the {labels} keyword path ({', '.join(dict.fromkeys(fact for _, fact in ignoring))})"
+    unknown = [n for n in names if n not in KEYWORD_THRESHOLD_APPLIED]
+    if unknown:
+        return f"not known whether the {'/'.join(unknown)} keyword path applies it (C109: only OpenSearch does)"
+    return None
 
 
 def _positive(value: Any) -> float | None:

@@ -94,8 +94,8 @@ class CheckResult:
                  + (f" against test set {t['testset']}" if t.get("testset") else " (no test set: labels not checked)")]
         for kb, f in ((self.facts.get("api") or {}).get("knowledge_bases") or {}).items():
             types = ", ".join(f"{k} {v}" for k, v in f["chunk_types"].items()) or "none"
-            lines.append(f"  {kb}: {f['knowledge']} knowledge, {f['chunks']} chunks ({f['disabled']} disabled; "
-                         f"types: {types})")
+            lines.append(f"  {kb}: {f['knowledge']} knowledge, {f['chunks']} chunks ({f['disabled']} disabled, "
+                         f"{f.get('unsearchable', 0)} never searchable; types: {types})")
         labels = (self.facts.get("api") or {}).get("labels")
         if labels:
             lines.append(f"  labels: {labels['n']} ({labels['relevant']} relevant) on {labels['chunks']} chunks, "

@@ -44,7 +44,7 @@ from weknora_nb.core.errors import (
     ServerFailed,
     UsageError,
 )
-from weknora_nb.core.weknora import SEARCHABLE_CHUNK_TYPES
+from weknora_nb.core.weknora import LISTED_CHUNK_TYPES, RETRIEVAL_PROGRESS_TOOL
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,13 @@ API_KEY_ENV = "WEKNORA_API_KEY"
 TENANT_ENV = "WEKNORA_TENANT_ID"
 #: C65: an inline citation ``<kb doc="TITLE" chunk_id="ID" kb_id="KB" />`` (attributes HTML-escaped)
 _CITATION = re.compile(r"<kb\b[^>]*?chunk_id=\"([^\"]+)\"[^>]*/?>")
-#: the most pages :meth:`WeKnoraClient.all_pages` asks for (a guard against a server that never ends)
+#: the most pages :meth:`WeKnoraClient.all_pages` asks for in one pass (a guard against a server that never ends)
 MAX_PAGES = 10_000
+#: how many times a listing that fell short of its total is read from its first page (C101: OFFSET paging over an
+#: order with ties can repeat some rows and skip others; the passes' union is kept)
+LISTING_PASSES = 3
+#: C103: the error a chat answers with when its agent has no chat model (a fresh tenant's built-in agent)
+_NO_CHAT_MODEL = "chat model is not configured"
 _T = TypeVar("_T")
 
 
@@ -150,12 +155,19 @@ def _shown_url(url: Any) -> Any:
 
 @dataclass
 class ChatResult:
-    """What a chat stream gave: its references, the answer text, its inline citations, the session it ran in."""
+    """What a chat stream gave: its references, the answer text, its inline citations, the session it ran in.
+
+    ``retrieval_skipped``: the server showed its pipeline's progress (``tool_call`` events, C104) without a
+    ``knowledge_search`` step and sent no references: it decided not to retrieve (a greeting, chit-chat).
+    ``stream_errors``: the messages of non-terminal ``error`` events (``done: false``, C105), passed over.
+    """
 
     references: list[dict[str, Any]]
     answer: str
     citations: list[str]
     session_id: str | None = None
+    retrieval_skipped: bool = False
+    stream_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -169,6 +181,7 @@ class Listing:
     items: list[dict[str, Any]]
     total: int | None
     pages: int
+    passes: int = 1
 
     @property
     def complete(self) -> bool:
@@ -255,7 +268,8 @@ class WeKnoraClient:
         """A new session (titled, so no title is generated), then the chat stream read to its end (C58-C65).
 
         ``disable_title`` is always sent (C60/C61: without it the first message of an untitled
-        session costs an extra LLM call). Each attempt creates its own session; all are in
+        session costs an extra LLM call); ``params`` go into the body as they are (``agent_id``,
+        ``agent_enabled``: the web UI's chat, C103). Each attempt creates its own session; all are in
         :attr:`sessions`.
         """
         async def once() -> ChatResult:
@@ -303,26 +317,63 @@ class WeKnoraClient:
             raise ProtocolFailed(f"knowledge-bases/{kb_id}: data is not an object")
         return data
 
+    async def model(self, model_id: str) -> dict[str, Any]:
+        """``GET /api/v1/models/{id}``: a registered model (C94, C107: ``name`` and ``parameters.base_url``)."""
+        data = await self.request("GET", f"/api/v1/models/{model_id}")
+        if not isinstance(data, dict):
+            raise ProtocolFailed(f"models/{model_id}: data is not an object")
+        return data
+
+    async def memory_config(self) -> dict[str, Any]:
+        """``GET /api/v1/tenants/kv/memory-config``: the tenant's memory switch (main only, C108; other releases
+        answer 400 "unsupported key")."""
+        data = await self.request("GET", "/api/v1/tenants/kv/memory-config", retry=False)
+        if not isinstance(data, dict):
+            raise ProtocolFailed("memory-config: data is not an object")
+        return data
+
     async def list_knowledge(self, kb_id: str, page_size: int = 1000) -> Listing:
         """Every knowledge (document) of a knowledge base (C50: ``page_size`` above 1000 is a 400)."""
-        return await self.all_pages(f"/api/v1/knowledge-bases/{kb_id}/knowledge", min(page_size, 1000))
+        return await self.all_pages(f"/api/v1/knowledge-bases/{kb_id}/knowledge", min(page_size, 1000),
+                                    passes=LISTING_PASSES)
 
     async def list_chunks(self, knowledge_id: str, page_size: int = 100,
-                          chunk_types: Sequence[str] = SEARCHABLE_CHUNK_TYPES) -> Listing:
+                          chunk_types: Sequence[str] = LISTED_CHUNK_TYPES) -> Listing:
         """Every chunk of a knowledge of the given types (C52: pages of at most 100; ``chunk_type``
-        repeated, else only ``text`` chunks come back)."""
+        repeated, else only ``text`` chunks come back; by default every searchable type and the
+        ``parent_text`` chunks, C101). Read again from page 1 while it falls short of its total
+        (:data:`LISTING_PASSES`)."""
         return await self.all_pages(f"/api/v1/chunks/{knowledge_id}", page_size,
-                                    {"chunk_type": list(chunk_types)} if chunk_types else None)
+                                    {"chunk_type": list(chunk_types)} if chunk_types else None, passes=LISTING_PASSES)
 
-    async def all_pages(self, path: str, page_size: int, params: dict[str, Any] | None = None) -> Listing:
-        """Page 1, 2, ... of a paged list until ``total`` items arrived, whatever page size the server applies.
+    async def all_pages(self, path: str, page_size: int, params: dict[str, Any] | None = None, *,
+                        passes: int = 1) -> Listing:
+        """Page 1, 2, ... of a paged list, whatever page size the server applies; items de-duplicated by id.
 
-        Stops safely when a page brings no item not seen before (an empty page, or the same page
-        again: a server whose ``total`` counts more than it lists), or, without ``total``, at a
-        page shorter than the page size the server says it used; never after :data:`MAX_PAGES`.
+        A pass reads pages until an empty page, the last page ``total`` implies (at the page size the
+        server says it used), or, without ``total``, a page shorter than that size; never more than
+        :data:`MAX_PAGES`. A list whose distinct items fall short of ``total`` (an OFFSET paging over an
+        order with ties repeats some rows and skips others, C101) is read again from page 1, up to
+        ``passes`` passes, and the union kept; still short, :attr:`Listing.complete` says so.
         """
         items: list[dict[str, Any]] = []
         seen: set[str] = set()
+        total: int | None = None
+        pages = done = 0
+        while done < max(1, passes):
+            done += 1
+            total, read = await self._one_pass(path, page_size, params, items, seen)
+            pages += read
+            if total is None or len(items) >= total:
+                break
+        if total is not None and len(items) < total:
+            log.warning("%s: the server lists %d distinct items of the %d its total counts (%d passes)", path,
+                        len(items), total, done)
+        return Listing(items, total, pages, done)
+
+    async def _one_pass(self, path: str, page_size: int, params: dict[str, Any] | None,
+                        items: list[dict[str, Any]], seen: set[str]) -> tuple[int | None, int]:
+        """One pass of :meth:`all_pages`: new items appended to ``items``; (the server's total, pages read)."""
         total: int | None = None
         page = 0
         while page < MAX_PAGES:
@@ -331,16 +382,15 @@ class WeKnoraClient:
                                       envelope=True)
             got = _as_list(body.get("data"))
             total = _int_or_none(body.get("total"))
+            size = _int_or_none(body.get("page_size")) or page_size
             new = [x for x in got if x.get("id") is None or str(x["id"]) not in seen]
             seen.update(str(x["id"]) for x in new if x.get("id") is not None)
             items += new
-            if not new or (total is not None and len(items) >= total):
+            if not got or (total is not None and (page * size >= total or len(items) >= total)):
                 break
-            if total is None and len(got) < (_int_or_none(body.get("page_size")) or page_size):
+            if total is None and len(got) < size:
                 break
-        if total is not None and len(items) < total:
-            log.warning("%s: the server lists %d of the %d items its total counts", path, len(items), total)
-        return Listing(items, total, page)
+        return total, page
 
     # -- plumbing -------------------------------------------------------------------------
     async def request(self, method: str, path: str, json_body: Any = None, *, params: dict | None = None,
@@ -363,13 +413,18 @@ class WeKnoraClient:
         """Read ``POST /api/v1/knowledge-chat/{sid}``'s events (C62/C63) into a :class:`ChatResult`.
 
         Ends at ``complete`` once the references arrived, else at the end of the stream (at
-        v0.6.2 the references may follow the answer, C64; no references event: none found).
-        An ``error`` event is a :class:`ServerFailed`; a stream that ends before ``complete``
-        a :class:`ProtocolFailed`.
+        v0.6.2 the references may follow the answer, C64; no references event: none found, or, when the
+        server's progress events show no retrieval step, retrieval skipped, C104). An ``error`` event
+        with ``done: false`` (a failed agent tool step, C105) is kept and passed over; any other ``error``
+        is a :class:`ServerFailed` and the stream is left at once (the server does not close it after a
+        terminal error, C105); an agent without a chat model (C103) is one that is not retried. A stream
+        that ends before ``complete`` is a :class:`ProtocolFailed`.
         """
         path = f"/api/v1/knowledge-chat/{sid}"
         refs: list[dict[str, Any]] | None = None
         answer: list[str] = []
+        errors: list[str] = []
+        tools: list[str] = []
         completed = False
         try:
             async with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
@@ -382,8 +437,13 @@ class WeKnoraClient:
                         refs = _as_list(ev.get("knowledge_references") or [])
                     elif kind == "answer":
                         answer.append(str(ev.get("content") or ""))
+                    elif kind == "tool_call":
+                        tools.append(_tool_name(ev))
                     elif kind == "error":
-                        raise ServerFailed(f"{path}: stream error event: {str(ev.get('content'))[:200]}")
+                        if ev.get("done") is False:
+                            errors.append(str(ev.get("content"))[:500])
+                            continue
+                        raise _stream_error(path, ev, body)
                     elif kind == "complete":
                         completed = True
                     if completed and refs is not None:
@@ -395,7 +455,9 @@ class WeKnoraClient:
         if not completed:
             raise ProtocolFailed(f"POST {path}: stream ended before its 'complete' event")
         text = "".join(answer)
-        return ChatResult(refs or [], text, [html.unescape(c) for c in _CITATION.findall(text)])
+        skipped = refs is None and bool(tools) and RETRIEVAL_PROGRESS_TOOL not in tools
+        return ChatResult(refs or [], text, [html.unescape(c) for c in _CITATION.findall(text)],
+                          retrieval_skipped=skipped, stream_errors=errors)
 
     async def _with_retries(self, call: Callable[[], Awaitable[_T]]) -> _T:
         """``call()`` with the collection's retry policy (:func:`weknora_nb.collect.http.retry.with_retries`)."""
@@ -414,6 +476,29 @@ async def _sse_events(resp: httpx.Response, path: str) -> AsyncIterator[dict[str
             raise ProtocolFailed(f"{path}: an SSE data line is not JSON") from exc
         if isinstance(ev, dict):
             yield ev
+
+
+def _tool_name(ev: dict[str, Any]) -> str:
+    """The step a ``tool_call`` event announces (C104: ``data.tool_name``; the content reads "Calling tool: X")."""
+    data = ev.get("data")
+    name = data.get("tool_name") if isinstance(data, dict) else None
+    if isinstance(name, str) and name:
+        return name
+    content = str(ev.get("content") or "")
+    return content.split(":", 1)[1].strip() if content.startswith("Calling tool:") else content
+
+
+def _stream_error(path: str, ev: dict[str, Any], body: dict[str, Any]) -> ServerFailed:
+    """The failure a terminal ``error`` event means; an agent without a chat model (C103) says what to do and is
+    not retried (every attempt would fail the same way)."""
+    message = str(ev.get("content"))[:300]
+    exc = ServerFailed(f"{path}: stream error event: {message}")
+    if _NO_CHAT_MODEL in message:
+        agent = body.get("agent_id") or "the agent"
+        exc = ServerFailed(f"{path}: stream error event: {message} (the chat agent {agent!r} has no chat model: set "
+                           "one in WeKnora's agent settings, or collect with --chat-agent none)")
+        exc.retryable = False
+    return exc
 
 
 def _as_list(data: Any) -> list[dict[str, Any]]:

@@ -16,6 +16,10 @@ from pathlib import Path
 from weknora_nb.collect.http.client import ClientSettings
 from weknora_nb.collect.run.stages import DEFAULT_SELECTION, Stage, resolve_stages
 from weknora_nb.core.errors import UsageError
+from weknora_nb.core.weknora import UI_CHAT_AGENT
+
+#: what ``--chat-agent`` takes to send no ``agent_id``
+NO_AGENT = "none"
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,15 @@ class Arguments:
     default_stages: bool = False  # no stages were asked for: the defaults, fitted to the knowledge bases
     faq_kb_ids: tuple[str, ...] = ()  # the knowledge bases of type faq (searched by faq-search stages)
     session_title: str = "weknora-nb"  # the title of the chat sessions the run creates
+    chat_agent: str | None = UI_CHAT_AGENT  # the agent chat stages name (None: none, config.yaml's settings)
+    vector_retrieval: bool = True  # some knowledge base has vector retrieval (C49 indexing_strategy)
 
 
 def checked_arguments(settings: ClientSettings, kb_ids: list[str] | str,
                       stages: str | Sequence[str | Stage] | None, repeats: int, concurrency: int,
-                      warmup: int, out: str | Path) -> Arguments:
-    """The arguments checked and normalised; :class:`UsageError` names the first one that is not allowed."""
+                      warmup: int, out: str | Path, chat_agent: str | None = UI_CHAT_AGENT) -> Arguments:
+    """The arguments checked and normalised; :class:`UsageError` names the first one that is not allowed.
+    ``chat_agent``: an agent id, or :data:`NO_AGENT` (or None) for none."""
     _check_out(Path(out))
     for argument, value, minimum in (("--repeats", repeats, 1), ("--concurrency", concurrency, 1),
                                      ("--warmup", warmup, 0)):
@@ -45,9 +52,13 @@ def checked_arguments(settings: ClientSettings, kb_ids: list[str] | str,
     ids = [kb_ids] if isinstance(kb_ids, str) else list(kb_ids)
     if not ids or not all(isinstance(k, str) and k for k in ids):
         raise UsageError(argument="--kb-id", allowed="one or more non-empty knowledge base ids", got=kb_ids)
+    if chat_agent is not None and (not isinstance(chat_agent, str) or not chat_agent.strip()):
+        raise UsageError(argument="--chat-agent", allowed=f"an agent id (e.g. {UI_CHAT_AGENT}) or {NO_AGENT!r}",
+                         got=chat_agent)
+    agent = None if chat_agent is None or chat_agent.strip().lower() == NO_AGENT else chat_agent.strip()
     chosen = resolve_stages(DEFAULT_SELECTION if stages is None else stages)
     return Arguments(settings, ids, chosen, int(repeats), int(concurrency), int(warmup),
-                     default_stages=stages is None)
+                     default_stages=stages is None, chat_agent=agent)
 
 
 def _check_out(out: Path) -> None:

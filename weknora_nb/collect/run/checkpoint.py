@@ -92,12 +92,12 @@ def _parse(p: Path, raw: bytes) -> tuple[Records, int]:
 
 
 #: the types of a result row's fields: [rank, chunk_id, score, knowledge_id, chunk_index, match_type,
-#: sub_chunk_ids, base_score, model_score] (None allowed in all but rank and chunk_id; a shorter row,
-#: of an older checkpoint, lacks the last ones)
+#: sub_chunk_ids, base_score, model_score, parent_chunk_id, chunk_type] (None allowed in all but rank and
+#: chunk_id; a shorter row, of an older checkpoint, lacks the last ones)
 _ROW_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("rank", (int,)), ("chunk_id", (str,)), ("score", (int, float)), ("knowledge_id", (str,)),
     ("chunk_index", (int,)), ("match_type", (int,)), ("sub_chunk_ids", (list,)), ("base_score", (int, float)),
-    ("model_score", (int, float)))
+    ("model_score", (int, float)), ("parent_chunk_id", (str,)), ("chunk_type", (str,)))
 
 
 def _record_problem(rec: Any) -> str | None:
@@ -110,7 +110,8 @@ def _record_problem(rec: Any) -> str | None:
         if not _is(rec.get(key), kinds):
             return f"{key!r} missing or not a {kinds[0].__name__}"
     optional: tuple[tuple[str, tuple[type, ...]], ...] = (
-        ("latency_ms", (int, float)), ("n_dropped", (int,)), ("error", (str,)))
+        ("latency_ms", (int, float)), ("n_dropped", (int,)), ("error", (str,)), ("flags", (list,)),
+        ("stream_errors", (list,)))
     for key, kinds in optional:
         if rec.get(key) is not None and not _is(rec[key], kinds):
             return f"{key!r} is not a {kinds[0].__name__}"

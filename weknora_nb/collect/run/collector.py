@@ -86,17 +86,26 @@ from weknora_nb.collect.run.folder import (
     write_json_atomic,
     write_stopped_manifest,
 )
-from weknora_nb.collect.run.inventory import take_inventory, write_inventory
+from weknora_nb.collect.run.inventory import list_inventory, write_inventory
 from weknora_nb.collect.run.lock import RunLock
-from weknora_nb.collect.run.preflight import ServerFacts, adapt_stages, read_server
+from weknora_nb.collect.run.notes import record_findings, record_inventory_counts, shown_families
+from weknora_nb.collect.run.preflight import (
+    ServerFacts,
+    adapt_stages,
+    check_embedding_models,
+    read_server,
+    reranker_notes,
+)
 from weknora_nb.collect.run.requests import LANE_SIZE, Request, collect_requests, open_lanes
-from weknora_nb.collect.run.results import RunSummary, tally, write_run_results
+from weknora_nb.collect.run.results import RunSummary, flag_counts, tally, write_run_results
 from weknora_nb.collect.run.sessions import delete_sessions
+from weknora_nb.collect.run.shown import Families
 from weknora_nb.collect.run.snapshot import integrity_entry, take_snapshot
-from weknora_nb.collect.run.stages import Stage
+from weknora_nb.collect.run.stages import Stage, with_chat_agent
 from weknora_nb.core.errors import AuthFailed, UsageError
 from weknora_nb.core.run import CHUNKS, check_run_name
 from weknora_nb.core.testset import TestSet, load_testset
+from weknora_nb.core.weknora import UI_CHAT_AGENT
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +115,8 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
                         repeats: int = 3, concurrency: int = 8, warmup: int = 5, system: dict | None = None,
                         resume: bool = False, retry_failed: bool = False, inventory: bool = True,
                         progress: bool = True, run_name: str | None = None,
-                        keep_sessions: bool = False, integrity: bool = True) -> RunSummary:
+                        keep_sessions: bool = False, integrity: bool = True,
+                        chat_agent: str | None = UI_CHAT_AGENT) -> RunSummary:
     """Collect every (query, stage, repeat) into the run folder ``out``; see the module docstring.
 
     Parameters
@@ -127,9 +137,12 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     keep_sessions : keep the chat sessions the run created (default: deleted at the end).
     integrity : run the integrity checks through the API (needs ``inventory``): the inventory and the
         configs snapshotted at the start and at the end, the end checked; into the manifest's ``integrity``.
+    chat_agent : the agent chat stages name, as the web UI's chat does (default ``builtin-quick-answer``,
+        C103); ``"none"`` (or None) sends no ``agent_id`` (config.yaml's conversation settings, C66).
 
     Raises :class:`~weknora_nb.core.errors.UsageError` for an argument out of range (or a keyword
-    stage asked for on FAQ knowledge bases only, or an ``out`` that is a file),
+    stage asked for on FAQ knowledge bases only, an ``out`` that is a file, or hybrid-search stages over
+    knowledge bases of different embedding models, C107),
     :class:`~weknora_nb.core.errors.RunExistsError` for a run folder that holds a run (without
     ``resume``) or a different run, :class:`~weknora_nb.core.errors.RunLockedError` for a run folder
     another collector is at work on, :class:`~weknora_nb.core.errors.StorageError` for a file that
@@ -139,7 +152,7 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
     (the message says why: platform key without tenant, wrong tenant, missing capability).
     """
     t_start = time.perf_counter()
-    args = checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup, out)
+    args = checked_arguments(settings, kb_ids, stages, repeats, concurrency, warmup, out, chat_agent)
     _check_name(run_name, Path(out))
     options = _Options(system, resume, retry_failed, inventory, progress, run_name, keep_sessions, integrity)
     lock = RunLock(out)
@@ -150,13 +163,13 @@ async def collect_async(settings: ClientSettings, kb_ids: list[str] | str, tests
         refuse_used_folder(Path(out), resume)
         done = await _collect(args, ts, testset_path, Path(out), options, lock)
         with recording_a_stop(done.run):
-            await asyncio.to_thread(write_run_results, done.args, done.run)
+            await asyncio.to_thread(write_run_results, done.args, done.run, done.families)
             counts, failed = tally(done.run.done, done.args.stages)
             await asyncio.to_thread(write_final_manifest, done.run, counts, failed)
     finally:
         lock.release()
     summary = RunSummary(done.run.run_dir, counts, len(done.todo), done.n_skipped, time.perf_counter() - t_start,
-                         not failed, failed, done.request_seconds)
+                         not failed, failed, done.request_seconds, flag_counts(done.run.done, done.args.stages))
     log.info(summary.describe())
     return summary
 
@@ -183,6 +196,7 @@ class _Collected(NamedTuple):
     todo: list[Request]
     n_skipped: int
     request_seconds: float
+    families: Families
 
 
 async def _collect(args: Arguments, ts: TestSet, testset_path: str | None, out: Path, options: _Options,
@@ -195,24 +209,30 @@ async def _collect(args: Arguments, ts: TestSet, testset_path: str | None, out: 
     async with open_lanes(args) as lanes:
         facts = await read_server(lanes[0], args.kb_ids)
         args, notes = _fit_stages(args, facts, options.run_name or out.name)
+        notes += await check_embedding_models(lanes[0], facts, args.kb_ids, args.stages)  # before any request
+        reranker, more = await reranker_notes(lanes[0], facts)
         lock.acquire()  # creates the folder: nothing was written before the server answered
-        run = await asyncio.to_thread(open_run, args, ts, testset_path, out, (options.system, facts, notes),
-                                      options.resume, options.run_name)
+        run = await asyncio.to_thread(open_run, args, ts, testset_path, out,
+                                      (options.system, facts, [*notes, *more]), options.resume, options.run_name)
+        run.manifest["reranker"] = reranker
         with recording_a_stop(run):
             start_chunks = await _start_snapshot(run, lanes[0], args, facts, options)
             await asyncio.to_thread(write_json_atomic, run.manifest_path, run.manifest)
+            end_chunks = None
             try:
                 todo, n_skipped, request_seconds = await collect_requests(lanes, args, run, options.retry_failed,
                                                                           options.progress)
                 if options.inventory:
-                    await _end_inventory(run, lanes[0], args, facts, (options, ts, start_chunks))
+                    end_chunks = await _end_inventory(run, lanes[0], args, facts, (options, ts, start_chunks))
             except AuthFailed as exc:
                 await _close_sessions(run, lanes, options.keep_sessions)
                 await asyncio.to_thread(write_stopped_manifest, run, "stopped", f"{exc.kind}: {exc}")
                 raise
             await _close_sessions(run, lanes, options.keep_sessions)
-            _record_findings(run, args, lanes)
-    return _Collected(args, run, todo, n_skipped, request_seconds)
+            record_findings(run, args, lanes)
+            families = shown_families(run, start_chunks, end_chunks)
+            record_inventory_counts(run, end_chunks)
+    return _Collected(args, run, todo, n_skipped, request_seconds, families)
 
 
 async def _start_snapshot(run: RunFolder, client: WeKnoraClient, args: Arguments, facts: ServerFacts,
@@ -237,15 +257,17 @@ async def _start_snapshot(run: RunFolder, client: WeKnoraClient, args: Arguments
 
 
 async def _end_inventory(run: RunFolder, client: WeKnoraClient, args: Arguments, facts: ServerFacts,
-                         context: tuple[_Options, TestSet, pd.DataFrame | None]) -> None:
+                         context: tuple[_Options, TestSet, pd.DataFrame | None]) -> pd.DataFrame | None:
     """The end inventory into ``chunks.parquet`` / ``knowledge.parquet``; with the integrity checks the end
-    snapshot too, checked against the test set's labels and compared with the start (``integrity``, notes)."""
+    snapshot too, checked against the test set's labels and compared with the start (``integrity``, notes).
+    Returns the end inventory's chunks (None when a knowledge list could not be read)."""
     options, ts, start_chunks = context
     in_flight = min(LANE_SIZE, args.concurrency)
     if not options.integrity:
-        run.manifest["inventory"] = await take_inventory(client, args.kb_ids, run.run_dir / CHUNKS,
-                                                         server_version=facts.version, in_flight=in_flight)
-        return
+        inventory = await list_inventory(client, args.kb_ids, server_version=facts.version, in_flight=in_flight)
+        await asyncio.to_thread(write_inventory, inventory, run.run_dir / CHUNKS)
+        run.manifest["inventory"] = inventory.entry
+        return None if inventory.unavailable else inventory.chunks
     end = await take_snapshot(client, args.kb_ids, server_version=facts.version, in_flight=in_flight)
     await asyncio.to_thread(write_inventory, end.inventory, run.run_dir / CHUNKS)
     run.manifest["inventory"] = end.inventory.entry
@@ -256,6 +278,7 @@ async def _end_inventory(run: RunFolder, client: WeKnoraClient, args: Arguments,
     problems = sum(f["severity"] == "problem" for f in entry["findings"])
     if problems:
         log.warning("integrity: %d problem(s) found in the knowledge base (manifest: integrity)", problems)
+    return None if end.inventory.unavailable else end.inventory.chunks
 
 
 def _load_testset(testset: TestSet | str | Path) -> tuple[TestSet, str | None]:
@@ -280,42 +303,27 @@ def _fit_stages(args: Arguments, facts: ServerFacts, run_name: str) -> tuple[Arg
     """The arguments with the stages fitted to the knowledge bases' types (:func:`adapt_stages`),
     the FAQ knowledge bases and the sessions' title; and the notes the manifest records."""
     stages, notes = adapt_stages(args.stages, defaults=args.default_stages, kb_types=facts.kb_types)
+    stages = [with_chat_agent(s, args.chat_agent) for s in stages]
     faq = tuple(kb for kb, t in facts.kb_types.items() if t == "faq")
     endpoints = {s.endpoint for s in stages}
     if "chat" in endpoints and "knowledge-search" in endpoints:
-        notes.append("final and citations run different settings: knowledge-search runs the tenant retrieval "
-                     "config (C29), chat the server's config.yaml conversation settings with query rewrite and "
-                     "history (C66); a difference between them is not one variable")
-    return replace(args, stages=stages, faq_kb_ids=faq, session_title=f"weknora-nb {run_name}"), facts.notes + notes
+        chat = (f"chat the settings of agent {args.chat_agent} (C66, C103: the web UI's chat)" if args.chat_agent
+                else "chat the server's config.yaml conversation settings (C66)")
+        notes.append(f"final and citations run different settings: knowledge-search runs the tenant retrieval "
+                     f"config (C29), {chat}, with query rewrite and history; a difference between them is not one "
+                     "variable")
+    if "chat" in endpoints and not args.chat_agent:
+        notes.append("chat stages send no agent_id (--chat-agent none): config.yaml's conversation settings, no "
+                     "rerank (C66); the web UI's chat runs an agent's (C103)")
+    fitted = replace(args, stages=stages, faq_kb_ids=faq, session_title=f"weknora-nb {run_name}",
+                     vector_retrieval=facts.vector_retrieval)
+    return fitted, facts.notes + notes
 
 
 async def _close_sessions(run: RunFolder, lanes: list[WeKnoraClient], keep: bool) -> None:
     """Delete the chat sessions the lanes created (unless ``keep``); counts into the manifest's ``sessions``."""
     run.manifest["sessions"] = await delete_sessions(lanes, keep=keep, in_flight=LANE_SIZE,
                                                      before=run.manifest.get("sessions"))
-
-
-def _record_findings(run: RunFolder, args: Arguments, lanes: list[WeKnoraClient]) -> None:
-    """What the run found out, into the manifest: hybrid-search's method (C15), the inline citations of
-    chat stages (C65), HTML-escaped inventory content (C53), with a note for each a reader must know."""
-    stages, notes = run.manifest["stages"], run.manifest.setdefault("notes", [])
-    method = next((c.hybrid_method for c in lanes if c.hybrid_method), None)
-    for s in args.stages:
-        if s.endpoint == "hybrid-search" and method:
-            stages[s.name]["method"] = method
-        if s.endpoint == "chat":
-            answers = [r for (_, name, _), r in run.done.items() if name == s.name and r["status"] == "ok"]
-            with_citations = sum(1 for r in answers if r.get("citations"))
-            stages[s.name]["inline_citations"] = {"answers": len(answers), "with_citations": with_citations}
-            if answers and not with_citations:
-                notes.append(f"stage {s.name}: no inline citations in any answer (WeKnora writes them from v0.7.2, "
-                             "C65); its figures rest on the references event")
-    if any(d.get("method") == "GET" for d in stages.values()):
-        notes.append("hybrid-search is routed for GET only on this server (WeKnora v0.6.2, C15): sent by GET")
-    content = (run.manifest.get("inventory") or {}).get("content") or {}
-    if content.get("escaped"):
-        notes.append("the chunk listing returned HTML-escaped content (WeKnora up to v0.6.3, C53): the inventory "
-                     "holds it unescaped")
 
 
 def collect(*args: Any, **kwargs: Any) -> RunSummary:

@@ -3,11 +3,18 @@ and the knowledge list (``knowledge.parquet``): every knowledge, those without c
 status and how its chunk listing ended (the integrity checks, :mod:`weknora_nb.core.integrity_api`, need both).
 
 Knowledge lists are paged by 1000 (C50: more is a 400), chunk listings by 100 (C52: the
-server's cap), both until ``total``; chunk listings ask for every searchable chunk type
-(C52/C54: without ``chunk_type`` only ``text`` chunks come back, so an FAQ knowledge base
-would look empty). One row per chunk: ``chunk_id``, ``knowledge_base_id``, ``knowledge_id``,
-``knowledge_title``, ``chunk_index``, ``chunk_type``, ``is_enabled`` (disabled chunks are
-listed, C52), the knowledge's ``parse_status`` (C51) and ``content``.
+server's cap), both until ``total``; chunk listings ask for every searchable chunk type and the
+``parent_text`` chunks (C52/C54: without ``chunk_type`` only ``text`` chunks come back, so an FAQ
+knowledge base would look empty; C101: parents come back only when asked for by name), so that the
+family of a child is known. Pages are de-duplicated by chunk id and a listing whose distinct chunks
+fall short of its ``total`` is read again from its first page, a bounded number of times (C101: the
+server pages with OFFSET over ``ORDER BY chunk_index``, whose ties can repeat some rows and skip others:
+every FAQ entry has index 0); one still short is recorded as incomplete (``incomplete``, and the
+integrity check ``inventory_incomplete``), never silently. One row per chunk: ``chunk_id``,
+``knowledge_base_id``, ``knowledge_id``, ``knowledge_title``, ``chunk_index``, ``chunk_type``,
+``parent_chunk_id`` (a child's parent, C101), ``is_enabled`` (disabled chunks are listed, C52),
+``index_status`` (v0.7.2+, C102: ``processing`` and ``failed`` chunks are not searchable; None before),
+the knowledge's ``parse_status`` (C51) and ``content``.
 
 Releases up to v0.6.3 return listed content HTML-escaped (C53); :func:`content_escaping`
 decides from the server's version, or from the content when the version is unknown, and the
@@ -31,13 +38,13 @@ import pandas as pd
 from weknora_nb.collect.http.client import Listing, WeKnoraClient
 from weknora_nb.collect.run.preflight import server_release
 from weknora_nb.core.errors import RequestFailed, writing
-from weknora_nb.core.integrity_api import KNOWLEDGE_COLUMNS
+from weknora_nb.core.integrity_api import KNOWLEDGE_COLUMNS, unsearchable_chunks
 from weknora_nb.core.results import write_results
 
 log = logging.getLogger(__name__)
 
 INVENTORY_COLUMNS = ["chunk_id", "knowledge_base_id", "knowledge_id", "knowledge_title", "chunk_index", "chunk_type",
-                     "is_enabled", "parse_status", "content"]
+                     "parent_chunk_id", "is_enabled", "index_status", "parse_status", "content"]
 #: the knowledge list, written beside ``chunks.parquet``: every knowledge, those without chunks too
 KNOWLEDGE_FILE = "knowledge.parquet"
 #: Go's html.EscapeString: & < > ' "
@@ -68,9 +75,12 @@ async def take_inventory(client: WeKnoraClient, kb_ids: list[str], path: Path, *
     """Write the chunk inventory to ``path`` (and the knowledge list beside it, :data:`KNOWLEDGE_FILE`);
     the manifest's ``inventory`` entry.
 
-    ``{"chunks", "knowledge", "chunk_types": {type: n}, "disabled", "content": <content_escaping>}``,
-    plus ``incomplete`` (knowledge id -> "listed n of total") and ``failed`` (knowledge id -> why)
-    when some listing fell short; ``{"unavailable": ...}`` when a knowledge list cannot be read.
+    ``{"chunks", "knowledge", "chunk_types": {type: n}, "disabled", "unsearchable", "content":
+    <content_escaping>}`` (``unsearchable``: chunks search can never return, an ``index_status`` search drops
+    or a ``parent_text`` chunk: :func:`~weknora_nb.core.integrity_api.unsearchable_chunks`), plus
+    ``incomplete`` (knowledge id -> "listed n of total") and ``failed`` (knowledge id -> why) when some
+    listing fell short, ``relisted`` (knowledge id -> passes) when a listing was read more than once;
+    ``{"unavailable": ...}`` when a knowledge list cannot be read.
     ``in_flight`` chunk listings are requested at a time.
     """
     inventory = await list_inventory(client, kb_ids, server_version=server_version, in_flight=in_flight)
@@ -123,12 +133,16 @@ def _entry(frame: pd.DataFrame, knowledge: list[tuple[str, dict[str, Any]]], lis
     entry: dict[str, Any] = {
         "chunks": len(frame), "knowledge": len(knowledge),
         "chunk_types": dict(Counter(frame["chunk_type"].tolist())), "disabled": int((~frame["is_enabled"]).sum()),
-        "content": escaping}
+        "unsearchable": len(unsearchable_chunks(frame)), "content": escaping}
+    relisted = {str(k["id"]): got.passes for (_, k), got in zip(knowledge, listings, strict=True)
+                if isinstance(got, Listing) and got.passes > 1}
     incomplete = {str(k["id"]): f"listed {len(got.items)} of {got.total}" for (_, k), got in
                   zip(knowledge, listings, strict=True) if isinstance(got, Listing) and not got.complete}
     failed = {str(k["id"]): f"{got.kind}: {got}" for (_, k), got in zip(knowledge, listings, strict=True)
               if isinstance(got, RequestFailed)}
     short = {kb: f"listed {len(got.items)} of {got.total} knowledge" for kb, got in lists.items() if not got.complete}
+    if relisted:
+        entry["relisted"] = relisted
     if incomplete:
         entry["incomplete"] = incomplete
     if failed:
@@ -162,11 +176,15 @@ def _frame(listed: Iterable[tuple[str, dict[str, Any], Listing]]) -> pd.DataFram
     rows = [{"chunk_id": str(c.get("id")), "knowledge_base_id": kb,
              "knowledge_id": str(c.get("knowledge_id") or k["id"]), "knowledge_title": k.get("title"),
              "chunk_index": c.get("chunk_index"), "chunk_type": str(c.get("chunk_type") or "text"),
-             "is_enabled": bool(c.get("is_enabled", True)), "parse_status": k.get("parse_status"),
-             "content": c.get("content", "")}
+             "parent_chunk_id": str(c["parent_chunk_id"]) if c.get("parent_chunk_id") else None,
+             "is_enabled": bool(c.get("is_enabled", True)),
+             "index_status": str(c["index_status"]) if c.get("index_status") else None,
+             "parse_status": k.get("parse_status"), "content": c.get("content", "")}
             for kb, k, listing in listed for c in listing.items]
     frame = pd.DataFrame(rows, columns=INVENTORY_COLUMNS)
     frame["is_enabled"] = frame["is_enabled"].astype(bool)
+    for col in ("parent_chunk_id", "index_status"):
+        frame[col] = frame[col].astype("string")
     return frame
 
 

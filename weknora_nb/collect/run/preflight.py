@@ -12,6 +12,12 @@ follows is recorded, never fatal: ``GET /api/v1/system/info`` (C56; needs the
 :func:`system_description` merges the user's system YAML over what the server says (the
 user's keys override and add) and records where each key came from; :func:`adapt_stages`
 fits the stages to FAQ knowledge bases (no keyword path, C20/C47; a ``faq`` stage, C45).
+
+:func:`check_embedding_models` refuses, before any request is recorded, a run whose hybrid-search stages
+would search knowledge bases of different embedding models together (every such request fails with a 400,
+C107). :func:`reranker_notes` names what the server's version and settings do to rerank scores (C108).
+The knowledge bases' ``chunk_count`` and ``knowledge_count`` are not recorded from the KB object: each is
+filled for one type of knowledge base only (C101); the collector takes them from its inventory.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: C49: the knowledge base fields the manifest records
 KB_FIELDS = ("id", "name", "type", "chunking_config", "embedding_model_id", "summary_model_id", "indexing_strategy",
-             "faq_config", "vector_store_id", "knowledge_count", "chunk_count", "capabilities")
+             "faq_config", "vector_store_id", "capabilities")
 #: C56: the system/info fields that describe the deployment (the rest is uptime and build details)
 _SERVER_SYSTEM = {"weknora": ("version", "edition", "commit_id"),
                   "index": ("vector_store_engine", "keyword_index_engine", "graph_database_engine")}
@@ -55,6 +61,14 @@ class ServerFacts:
     def kb_types(self) -> dict[str, str | None]:
         """Each knowledge base's ``type`` (``document``, ``faq``, ``wiki``; None when unknown)."""
         return {kb: e.get("type") for kb, e in self.knowledge_bases.items()}
+
+    @property
+    def vector_retrieval(self) -> bool:
+        """Whether some knowledge base searches by vector (C49 ``indexing_strategy.vector_enabled``; a knowledge
+        base that could not be read, or says nothing, is taken to)."""
+        return any(not isinstance(e.get("indexing_strategy"), Mapping)
+                   or e["indexing_strategy"].get("vector_enabled", True) is not False
+                   for e in self.knowledge_bases.values()) if self.knowledge_bases else True
 
     @property
     def version(self) -> str | None:
@@ -198,3 +212,81 @@ def adapt_stages(stages: list[Stage], *, defaults: bool, kb_types: Mapping[str, 
     for note in notes:
         log.info(note)
     return stages, notes
+
+
+# -- knowledge bases searched together (C107) ------------------------------------------------------
+async def check_embedding_models(client: WeKnoraClient, facts: ServerFacts, kb_ids: list[str],
+                                 stages: list[Stage]) -> list[str]:
+    """Refuse (UsageError, exit 2) a run whose hybrid-search stages search knowledge bases of different
+    embedding models together: WeKnora answers every such request 400 from v0.7.2, and before embeds the
+    query with the first knowledge base's model for all (C107). Identity is the model's name
+    and base URL (``GET /api/v1/models/{id}``), not its id; a knowledge base without an embedding model is left
+    out, as WeKnora leaves it out. Returns notes: what could not be compared."""
+    together = [s for s in stages if s.endpoint == "hybrid-search" and "knowledge_base_ids" not in s.params]
+    if len(kb_ids) < 2 or not together:
+        return []
+    entries = {kb: facts.knowledge_bases.get(kb) or {"error": "not read"} for kb in kb_ids}
+    unknown = [f"{kb} (not read: {e['error']})" for kb, e in entries.items() if "error" in e]
+    # a knowledge base without an embedding model (wiki or graph only) is left out, as WeKnora leaves it out
+    model_ids = {kb: e["embedding_model_id"] for kb, e in entries.items() if e.get("embedding_model_id")}
+    if not unknown and len(set(model_ids.values())) <= 1:
+        return []
+    identity: dict[str, str] = {}
+    models: dict[str, dict[str, Any] | None] = {}
+    for kb, mid in model_ids.items():
+        if mid not in models:
+            models[mid] = await _model(client, str(mid))
+        model = models[mid]
+        if model is None:
+            unknown.append(f"{kb} (model {mid} could not be read)")
+            continue
+        params = model.get("parameters")
+        params = params if isinstance(params, Mapping) else {}
+        identity[kb] = f"{model.get('name')!s} at {params.get('base_url') or '(no base URL)'} (model id {mid})"
+    distinct = {v.rsplit(" (model id", 1)[0] for v in identity.values()}
+    if len(distinct) > 1:
+        names = "; ".join(f"{kb}: {v}" for kb, v in identity.items())
+        raise UsageError(f"--kb-id: these knowledge bases use different embedding models, so no hybrid-search over "
+                         f"them can be measured (WeKnora answers each with a 400 from v0.7.2, and embeds the query "
+                         f"with one model for all before, docs/weknora-contract.md C107): {names}. Collect each in a "
+                         f"run of its own, or leave out the hybrid-search stages "
+                         f"({', '.join(s.name for s in together)})")
+    if unknown:
+        note = ("the embedding models of the knowledge bases searched together could not all be compared (C107): "
+                + ", ".join(unknown))
+        log.warning(note)
+        return [note]
+    return []
+
+
+async def _model(client: WeKnoraClient, model_id: str) -> dict[str, Any] | None:
+    try:
+        return await client.model(model_id)
+    except RequestFailed as exc:
+        log.info("model %s not read (%s)", model_id, exc)
+        return None
+
+
+# -- what the server's reranking does to scores (C108) ---------------------------------------------
+async def reranker_notes(client: WeKnoraClient, facts: ServerFacts) -> tuple[dict[str, Any], list[str]]:
+    """The manifest's ``reranker`` entry and the notes it calls for: at v0.6.x the remote reranker sends
+    ``truncate_prompt_tokens: 511`` with every request (C108: providers that reject or mishandle it score near
+    zero); on main, with the tenant's memory on, MemoryAffinity multiplies the rerank scores of documents a
+    user's earlier answers drew on by up to 1.15 (C108; memory-config exists on main only)."""
+    entry: dict[str, Any] = {}
+    notes: list[str] = []
+    release = server_release(facts.version)
+    if release is not None and release < (0, 7):
+        entry["truncate_prompt_tokens"] = 511
+        notes.append(f"WeKnora {facts.version} (v0.6.x): its remote reranker sends truncate_prompt_tokens 511 with "
+                     "every rerank request (C108); on providers that reject or mishandle the field the rerank "
+                     "scores collapse and final comes back near empty")
+        return entry, notes
+    memory = await _recorded(client.memory_config(), "memory-config")
+    entry["memory_config"] = memory
+    if memory.get("enabled") is True and memory.get("retrieval_conditioning") is not False:
+        entry["memory_affinity"] = True
+        notes.append("the tenant's memory is on with retrieval conditioning (WeKnora main): MemoryAffinity "
+                     "multiplies the rerank scores of documents the caller's earlier answers drew on by up to 1.15 "
+                     "(C108); this run's own chats feed it, so later runs of the same key are biased")
+    return entry, notes

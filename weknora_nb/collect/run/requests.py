@@ -22,10 +22,12 @@ from typing import Any, NamedTuple
 from weknora_nb.collect.http.client import WeKnoraClient
 from weknora_nb.collect.run.arguments import Arguments
 from weknora_nb.collect.run.checkpoint import CheckpointWriter
+from weknora_nb.collect.run.flags import REFERENCES_REBUILT, request_flags
 from weknora_nb.collect.run.folder import RunFolder
 from weknora_nb.collect.run.stages import Stage
 from weknora_nb.core.errors import AuthFailed, RequestFailed, writing
 from weknora_nb.core.progress import progress_bar
+from weknora_nb.core.results import NOT_FAILED, SKIPPED
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,8 @@ def _plan(args: Arguments, run: RunFolder, retry_failed: bool) -> tuple[list[Req
 
 
 def _is_done(record: dict[str, Any] | None, retry_failed: bool) -> bool:
-    return record is not None and (record["status"] == "ok" or not retry_failed)
+    """Done: recorded ok or skipped (no failure), or failed when failures are not retried."""
+    return record is not None and (record["status"] in NOT_FAILED or not retry_failed)
 
 
 async def _probe(lanes: list[WeKnoraClient], args: Arguments, query: str) -> None:
@@ -172,15 +175,21 @@ def _progress_bar(total: int, name: str) -> Any:
 
 
 async def _request_record(client: WeKnoraClient, req: Request, args: Arguments) -> dict[str, Any]:
-    """Make one request; its checkpoint record: ok with its rows and latency, or the failure's kind with its
-    message, HTTP status and envelope code (C11). An :class:`AuthFailed` is raised, not recorded."""
+    """Make one request; its checkpoint record: ok (or skipped: a chat whose server skipped retrieval) with its
+    rows, latency and flags (:mod:`.flags`), or the failure's kind with its message, HTTP status and envelope code
+    (C11). An :class:`AuthFailed` is raised, not recorded."""
     rec: dict[str, Any] = {"query_id": req.query_id, "stage": req.stage.name, "repeat": req.repeat, "at": _now()}
     try:
         t0 = time.perf_counter()
         items, extra = await _call(client, req.stage, args, req.text)
         ms = (time.perf_counter() - t0) * 1000.0
-        rows, dropped, questions = _rows(items, req.stage)
-        rec.update(status="ok", latency_ms=round(ms, 3), rows=rows, n_dropped=dropped, **extra)
+        skipped = extra.pop("retrieval_skipped", False)
+        flags = [] if skipped else request_flags(req.stage.endpoint, items, vector_retrieval=args.vector_retrieval)
+        rows, dropped, questions = _rows(items, req.stage, keep_all=REFERENCES_REBUILT in flags)
+        rec.update(status=SKIPPED if skipped else "ok", latency_ms=round(ms, 3), rows=rows, n_dropped=dropped,
+                   **{k: v for k, v in extra.items() if v or k in ("answer", "citations", "session_id")})
+        if flags:
+            rec["flags"] = flags
         if questions:
             rec["matched_questions"] = questions
     except AuthFailed:
@@ -208,7 +217,8 @@ async def _call(client: WeKnoraClient, stage: Stage, args: Arguments,
     if stage.endpoint == "faq-search":
         return await _faq_search(client, list(args.faq_kb_ids) or kb_ids, query, params), {}
     chat = await client.chat(kb_ids, query, title=args.session_title, **params)
-    return chat.references, {"answer": chat.answer, "citations": chat.citations, "session_id": chat.session_id}
+    return chat.references, {"answer": chat.answer, "citations": chat.citations, "session_id": chat.session_id,
+                             "retrieval_skipped": chat.retrieval_skipped, "stream_errors": chat.stream_errors}
 
 
 async def _faq_search(client: WeKnoraClient, kb_ids: list[str], query: str,
@@ -223,19 +233,23 @@ async def _faq_search(client: WeKnoraClient, kb_ids: list[str], query: str,
     return found
 
 
-def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], int, list[Any]]:
+def _rows(items: list[dict[str, Any]], stage: Stage, *, keep_all: bool = False) -> tuple[list[list[Any]], int,
+                                                                                         list[Any]]:
     """Result objects to compact rows [rank, chunk_id, score, knowledge_id, chunk_index, match_type,
-    sub_chunk_ids, base_score, model_score]; rank = position among the kept (primary) results.
+    sub_chunk_ids, base_score, model_score, parent_chunk_id, chunk_type]; rank = position among the kept
+    (primary) results.
 
-    Also how many were dropped (match types the stage does not keep) and, for FAQ entries, the
-    matched question of each row (an empty list when no result carries one).
+    Also how many were dropped (match types the stage does not keep; none with ``keep_all``: references whose
+    match types were lost, C106) and, for FAQ entries, the matched question of each row (an empty list when no
+    result carries one).
     """
     rows: list[list[Any]] = []
     questions: list[Any] = []
     dropped = 0
+    keep = None if keep_all else stage.keep_match_types
     for it in items:
         mt = _int(it.get("match_type"))
-        if stage.keep_match_types is not None and mt is not None and mt not in stage.keep_match_types:
+        if keep is not None and mt is not None and mt not in keep:
             dropped += 1
             continue
         meta = it.get("metadata")
@@ -244,9 +258,15 @@ def _rows(items: list[dict[str, Any]], stage: Stage) -> tuple[list[list[Any]], i
         rows.append([len(rows) + 1, str(it.get("id", "")), _float(it.get("score")),
                      None if kid is None else str(kid), _int(it.get("chunk_index")), mt,
                      [str(x) for x in subs] if isinstance(subs, list) else [],
-                     _float(meta.get("base_score")), _float(meta.get("model_score"))])
+                     _float(meta.get("base_score")), _float(meta.get("model_score")),
+                     _text(it.get("parent_chunk_id")), _text(it.get("chunk_type"))])
         questions.append(it.get("matched_question"))
     return rows, dropped, questions if any(q is not None for q in questions) else []
+
+
+def _text(x: Any) -> str | None:
+    """An id or name as text; None for a missing or empty one."""
+    return str(x) if x is not None and x != "" else None
 
 
 def _float(x: Any) -> float | None:

@@ -20,8 +20,11 @@ A custom stage's role in the pipeline follows from its endpoint and parameters
 (:func:`weknora_nb.core.pipeline.role_of`). hybrid-search and faq-search stages always send
 ``match_count`` (:data:`DEFAULT_MATCH_COUNT` when the stage omits it); a hybrid-search
 ``match_count`` <= 0 is refused (C17: up to v0.7.2 it returns no hit, or fails with a 500).
+faq-search stages send ``vector_threshold`` too (:data:`~weknora_nb.core.weknora.FAQ_VECTOR_THRESHOLD`,
+the server's own default, C45, unless the stage sets one), so that the manifest states it. Chat stages
+ask for the web UI's chat (:func:`with_chat_agent`: ``agent_id`` with ``agent_enabled: false``, C103).
 Where each endpoint's retrieval settings come from is the stage's ``settings_source``
-(:data:`weknora_nb.core.weknora.SETTINGS_SOURCES`).
+(:data:`weknora_nb.core.weknora.SETTINGS_SOURCES`; an agent's configuration for a chat naming one).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 
 from weknora_nb.collect.run.system import UNBUILDABLE, _unbuildable
 from weknora_nb.core.errors import ConfigError, Problem, UsageError
-from weknora_nb.core.weknora import SETTINGS_SOURCES
+from weknora_nb.core.weknora import AGENT_SETTINGS, FAQ_VECTOR_THRESHOLD, SETTINGS_SOURCES
 
 ENDPOINTS = ("hybrid-search", "knowledge-search", "chat", "faq-search")
 #: the ``match_count`` hybrid-search and faq-search stages send when they name none (C17: main's default;
@@ -64,17 +67,21 @@ class Stage:
 
     def request_params(self) -> dict[str, Any]:
         """Parameters sent: hybrid-search skips context enrichment unless the stage says otherwise, and
-        hybrid-search and faq-search always send ``match_count`` (:data:`DEFAULT_MATCH_COUNT` by default)."""
+        hybrid-search and faq-search always send ``match_count`` (:data:`DEFAULT_MATCH_COUNT` by default);
+        faq-search sends the vector threshold the server would apply anyway (0.7, C45) unless the stage sets one."""
         if self.endpoint == "hybrid-search":
             return {"skip_context_enrichment": True, "match_count": DEFAULT_MATCH_COUNT, **self.params}
         if self.endpoint == "faq-search":
-            return {"match_count": DEFAULT_MATCH_COUNT, **self.params}
+            return {"match_count": DEFAULT_MATCH_COUNT, "vector_threshold": FAQ_VECTOR_THRESHOLD, **self.params}
         return dict(self.params)
 
     @property
     def settings_source(self) -> str:
         """Where the retrieval settings of this stage come from (``request``, ``tenant retrieval config``,
-        ``server conversation config``)."""
+        ``server conversation config``, or ``agent configuration (<id>)`` for a chat naming an agent)."""
+        agent = self.params.get("agent_id") if self.endpoint == "chat" else None
+        if isinstance(agent, str) and agent:
+            return f"{AGENT_SETTINGS} ({agent})"
         return SETTINGS_SOURCES[self.endpoint]
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +89,16 @@ class Stage:
         return {"endpoint": self.endpoint, "params": self.request_params(),
                 "keep_match_types": list(self.keep_match_types) if self.keep_match_types is not None else None,
                 "settings_source": self.settings_source}
+
+
+def with_chat_agent(stage: Stage, agent: str | None) -> Stage:
+    """``stage`` asking for the web UI's chat when it is a chat stage and ``agent`` names an agent: its body
+    gains ``agent_enabled: false`` and ``agent_id`` (C103: what the UI's normal mode sends; the agent's settings
+    then replace config.yaml's, C66). A stage that sets either itself keeps its own; ``agent`` None: unchanged."""
+    if stage.endpoint != "chat" or not agent:
+        return stage
+    return Stage(stage.name, stage.endpoint, {"agent_enabled": False, "agent_id": agent, **stage.params},
+                 stage.keep_match_types)
 
 
 def match_count_problem(endpoint: str, params: Mapping[str, Any]) -> str | None:

@@ -15,8 +15,9 @@ from weknora_nb.core.codes import ResultCodes
 from weknora_nb.core.errors import ResultsError, UsageError
 from weknora_nb.core.metrics import Metric, parse_metrics
 from weknora_nb.core.requests import Prepared, prepare
-from weknora_nb.core.results import expand_sub_chunks, read_results_for_scoring
+from weknora_nb.core.results import read_results_for_scoring
 from weknora_nb.core.tiers import check_domain_adjustment
+from weknora_nb.core.unfold import expand_sub_chunks
 
 #: the values ``score(..., sub_chunks=...)`` accepts
 SUB_CHUNKS = ("expand", "ignore")
@@ -62,7 +63,8 @@ def read_codes(results: pd.DataFrame | ResultCodes | str | os.PathLike, sub_chun
 
 
 #: the columns of a results table its codes are made of (:meth:`ResultCodes.from_frame`), and the one unfolding reads
-_CODE_COLUMNS = frozenset({"query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms", "sub_chunk_ids"})
+_CODE_COLUMNS = frozenset({"query_id", "stage", "repeat", "rank", "chunk_id", "status", "latency_ms", "sub_chunk_ids",
+                           "shown_chunk_ids"})
 
 
 def result_codes(results: pd.DataFrame, *, source: str = "<results>") -> ResultCodes:

@@ -42,6 +42,9 @@ class Counts:
         Requests scored (ok, of a valid query of the test set).
     n_failed : int
         Requests whose status is an error kind; ``failed_by_kind`` maps kind -> count.
+    n_skipped : int
+        Chat requests whose server skipped retrieval (status ``skipped``: a greeting, chit-chat): not scored, not
+        failed, the run stays complete; ``skipped_ids`` lists their query ids (first appearance order).
     n_missing : int
         (valid query, stage, repeat) combinations the run lacks while other queries have them.
     n_unknown_query : int
@@ -66,6 +69,8 @@ class Counts:
     n_scored: int
     n_failed: int
     failed_by_kind: dict[str, int]
+    n_skipped: int
+    skipped_ids: list[str]
     n_missing: int
     n_unknown_query: int
     n_duplicates_removed: int
@@ -95,7 +100,8 @@ class Counts:
     def nothing_scored(self) -> str | None:
         """Why no request at all was scored, in plain words, or None when some were: the results have no row
         (:data:`NO_ROWS`), none of a test-set query (:data:`NO_TESTSET_ROW`), no query of the test set is valid
-        (:data:`NO_VALID_QUERY`), or every request of a valid query failed or is missing."""
+        (:data:`NO_VALID_QUERY`), or every request of a valid query failed, is missing or was skipped by the
+        server (a chat that retrieved nothing on purpose)."""
         if self.n_requests == 0:
             return NO_ROWS
         if self.n_requests - self.n_missing - self.n_unknown_query <= 0:
@@ -104,8 +110,9 @@ class Counts:
             return NO_VALID_QUERY
         if self.n_scored == 0:
             kinds = ", ".join(f"{k} {n}" for k, n in self.failed_by_kind.items())
+            skipped = f"; {self.n_skipped} skipped by the server" if self.n_skipped else ""
             return (f"every request of a valid query failed or is missing ({self.n_failed} failed"
-                    f"{f': {kinds}' if kinds else ''}; {self.n_missing} missing)")
+                    f"{f': {kinds}' if kinds else ''}; {self.n_missing} missing{skipped})")
         return None
 
     def to_dict(self) -> dict:

@@ -1,8 +1,9 @@
 """Step 3 of scoring: which requests are scored, and why each other one is not.
 
 A request is scored when its status is ``ok`` and its query is a valid query of the test set (one chunk of
-grade >= 1 at least); every other request carries its reason: an unknown query id, an invalid query, or
-``failed: <kind>``.
+grade >= 1 at least); every other request carries its reason: an unknown query id, an invalid query,
+``failed: <kind>``, or :data:`SKIPPED_REASON` (a chat whose server skipped retrieval: no failure, docs/method.md
+section 2).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from weknora_nb.core.requests import Requests
+from weknora_nb.core.results import SKIPPED
 from weknora_nb.core.testset import TestSet
 
 #: the reason an invalid query is not scored
 INVALID = "invalid query (no chunk of grade >= 1)"
+#: the reason a skipped request is not scored
+SKIPPED_REASON = "skipped: the server skipped retrieval (an intent such as a greeting or chit-chat)"
 
 
 @dataclass
@@ -47,7 +51,9 @@ def select(req: Requests, testset: TestSet, q_in_ts: np.ndarray) -> Selection:
     reason = np.full(req.n, None, dtype=object)
     reason[~known] = "unknown query id (not in the test set)"
     reason[known & ~valid] = INVALID
-    failed = known & valid & ~ok
+    skipped = known & valid & (status == SKIPPED)
+    failed = known & valid & ~ok & ~skipped
     if failed.any():
         reason[failed] = np.char.add("failed: ", status[failed].astype(str))
+    reason[skipped] = SKIPPED_REASON
     return Selection(ts_query=r_ts, status=status, known=known, scored=ok & known & valid, reason=reason)

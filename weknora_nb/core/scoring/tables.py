@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from weknora_nb.core.pipeline import significance_warning
 from weknora_nb.core.requests import Lists, Requests
+from weknora_nb.core.results import NOT_FAILED, SKIPPED
 from weknora_nb.core.scoring.scores import Counts
 from weknora_nb.core.scoring.selection import INVALID, Selection
 from weknora_nb.core.tiers import tier
@@ -165,7 +166,8 @@ def make_counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: Selection, list
                 stage_order: list[str], repeats: np.ndarray) -> Counts:
     """The :class:`Counts` of the test set and of the requests table."""
     status_counts = requests["status"].value_counts()
-    failed_kinds = {k: int(v) for k, v in status_counts.items() if k not in ("ok", "missing")}
+    failed_kinds = {k: int(v) for k, v in status_counts.items() if k not in (*NOT_FAILED, "missing")}
+    skipped = requests["status"] == SKIPPED
     return Counts(
         n_queries=int(len(ts_q)),
         n_valid=int(ts_q["valid"].sum()),
@@ -175,6 +177,8 @@ def make_counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: Selection, list
         n_scored=int(requests["scored"].sum()),
         n_failed=int(sum(failed_kinds.values())),
         failed_by_kind=failed_kinds,
+        n_skipped=int(skipped.sum()),
+        skipped_ids=list(dict.fromkeys(requests.loc[skipped, "query_id"].astype(str))),
         n_missing=int((requests["status"] == "missing").sum()),
         n_unknown_query=int((~sel.known).sum()),
         n_duplicates_removed=int(lists.n_duplicates.sum()),
@@ -186,8 +190,8 @@ def make_counts(ts_q: pd.DataFrame, requests: pd.DataFrame, sel: Selection, list
 
 def make_warnings(counts: Counts, domain_adjustment: float) -> list[str]:
     """The plain-words warnings every report shows (each also logged at INFO): too few valid
-    queries, invalid queries, an incomplete run (or one where nothing was scored), duplicates
-    removed, lowered thresholds."""
+    queries, invalid queries, an incomplete run (or one where nothing was scored), skipped requests,
+    duplicates removed, lowered thresholds."""
     warnings = []
     significance = significance_warning(counts.n_valid)
     if significance:
@@ -199,6 +203,10 @@ def make_warnings(counts: Counts, domain_adjustment: float) -> list[str]:
     elif not counts.complete:
         warnings.append(f"The run is incomplete: {counts.n_failed} failed, {counts.n_missing} missing and "
                         f"{counts.n_unknown_query} unknown-query requests are excluded from the means.")
+    if counts.n_skipped:
+        warnings.append(f"{counts.n_skipped} chat request(s) of {len(counts.skipped_ids)} quer(ies) skipped retrieval "
+                        "on the server (an intent such as a greeting or chit-chat): excluded from the means, not "
+                        "failures.")
     if counts.n_duplicates_removed:
         warnings.append(f"{counts.n_duplicates_removed} duplicate chunk ids were removed (first position kept).")
     if domain_adjustment:
