@@ -70,6 +70,7 @@ INTERACTIONS = [
     "52a-chat-quick-answer-agent-model-unset", "53-chat-ui-body", "54-chat-greeting-no-agent",
     "54b-chat-greeting-quick-answer", "55-chat-chitchat-no-agent", "57-chat-faq-quick-answer", "58-session-delete",
     "58b-session-get-after-delete", "59-agent-get-quick-answer-default", "61b-chat-quick-answer-with-rerank",
+    "61d-chat-quick-answer-rerank-500",
     "70-error-no-credentials", "71-error-bad-api-key", "71b-error-bad-bearer-no-key", "71c-error-api-key-as-bearer",
     "72-error-unknown-kb-hybrid", "72b-error-unknown-kb-detail", "72c-error-unknown-kb-knowledge-search",
     "73-error-bad-json-hybrid", "73b-error-wrong-type-hybrid", "73c-error-empty-query-hybrid",
