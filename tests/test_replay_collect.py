@@ -28,6 +28,8 @@ MINI, FAQ, HASH = ("f34e9b0f-4d7b-407d-8336-c7ee06c37352", "55f272d8-2698-4251-9
 #: the chunk listings of the small parent-child base with parent_text asked for too (the same server state)
 WITH_PARENTS = ("c4-chunks-mini-with-parent_text-1", "c5-chunks-mini-with-parent_text-2",
                 "c6-chunks-mini-with-parent_text-3")
+#: the same for the hash-embedding base's two documents
+HASH_WITH_PARENTS = ("c9-chunks-hash256-with-parent_text-1", "c10-chunks-hash256-with-parent_text-2")
 #: the embedding models of the small base and of the hash-embedding base
 MODELS = ("c1-model-get-use-multilingual", "c2-model-get-hash-embed-256", "c3-models-list")
 
@@ -52,7 +54,7 @@ def faq(tmp_path_factory) -> Collected:
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory) -> Collected:
-    return _collected("collect-mixed", tmp_path_factory, WITH_PARENTS + MODELS)
+    return _collected("collect-mixed", tmp_path_factory, WITH_PARENTS + HASH_WITH_PARENTS + MODELS)
 
 
 @pytest.fixture(scope="module")

@@ -557,6 +557,21 @@ def test_a_terminal_error_ends_the_read_though_weknora_keeps_the_stream_open():
             assert time.monotonic() - t0 < 5   # at the error event, not when the server gives up
 
 
+@pytest.mark.contract("C63", "C34", "C61")
+def test_a_non_terminal_error_then_the_terminal_one():
+    """A retrieval that fails in normal mode: a tool result ``error`` with done false, then the pipeline's terminal
+    ``error`` (done true), and the stream stays open. The client's chat (session, then stream) fails at once."""
+    kinds = [(e["response_type"], e["done"]) for e in interaction("c8-chat-faq-embed429").events()]
+    assert kinds[-2:] == [("error", False), ("error", True)]
+    query = body_of("c8-chat-faq-embed429")["query"]
+    with replay("c7-session-create", "c8-chat-faq-embed429", hold_s=20) as server:
+        t0 = time.monotonic()
+        with pytest.raises(ServerFailed, match="has no keyword fallback"):
+            call(server, lambda c: c.chat([FAQ], query), max_attempts=1, timeout_s=15)
+        assert time.monotonic() - t0 < 5
+    assert [s.path for s in server.log] == ["/api/v1/sessions", interaction("c8-chat-faq-embed429").request["path"]]
+
+
 @pytest.mark.contract("C63", "C64", "C66")
 def test_a_greeting_skips_retrieval_and_sends_no_references():
     for name in ("54-chat-greeting-no-agent", "54b-chat-greeting-quick-answer", "55-chat-chitchat-no-agent"):

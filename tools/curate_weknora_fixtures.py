@@ -86,10 +86,22 @@ INTERACTIONS = [
 #: the proxy's labels that are collections (each a folder of its own), with the stream manager Lite ran
 SCENARIOS = {"collect-pc": "memory", "collect-faq": "memory", "collect-mixed": "memory",
              "collect-embed429": "memory", "collect-redis": "redis"}
-#: single calls of weknora-nb's client recorded by the proxy (label ``client``), by sequence number
-CLIENT_CALLS = {172: "c1-model-get-use-multilingual", 173: "c2-model-get-hash-embed-256", 174: "c3-models-list",
-                175: "c4-chunks-mini-with-parent_text-1", 176: "c5-chunks-mini-with-parent_text-2",
-                177: "c6-chunks-mini-with-parent_text-3"}
+#: single calls recorded by the proxy (weknora-nb's client, or a chat read to its end with the client's bodies),
+#: by (label, sequence number)
+CLIENT_CALLS = {("client", 172): "c1-model-get-use-multilingual", ("client", 173): "c2-model-get-hash-embed-256",
+                ("client", 174): "c3-models-list", ("client", 175): "c4-chunks-mini-with-parent_text-1",
+                ("client", 176): "c5-chunks-mini-with-parent_text-2",
+                ("client", 177): "c6-chunks-mini-with-parent_text-3",
+                ("faqchat429", 1): "c7-session-create", ("faqchat429", 2): "c8-chat-faq-embed429",
+                ("client2", 3): "c9-chunks-hash256-with-parent_text-1",
+                ("client2", 4): "c10-chunks-hash256-with-parent_text-2"}
+
+
+#: the note of what the recording proxy saw
+PROXY_NOTE = "weknora-nb's own request, recorded by a reverse proxy in front of WeKnora Lite"
+NOTES = {"faqchat429": "the requests weknora-nb's client.chat sends (a session titled weknora-nb, then the chat with "
+                       "disable_title), made through the recording proxy while the embedding endpoint answered 429, "
+                       "the stream read for 25 s"}
 
 
 def go_json(value: Any) -> str:
@@ -245,16 +257,17 @@ def main() -> None:
         m = re.fullmatch(r"(.+)-(\d+)", path.stem)
         if m:
             by_label.setdefault(m.group(1), []).append((int(m.group(2)), path))
-    for seq, path in sorted(by_label.get("client", [])):
-        if seq in CLIENT_CALLS:
-            rec = json.loads(path.read_text(encoding="utf-8"))
-            _write(a.out / "interactions", *curate(rec, CLIENT_CALLS[seq], f"recordings/v0.7.2-client/{path.name}",
-                                                   a.out, "memory"))
+    for (label, seq), name in CLIENT_CALLS.items():
+        path = dict(by_label[label])[seq]
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        rec["note"] = NOTES.get(label, PROXY_NOTE)
+        _write(a.out / "interactions", *curate(rec, name, f"recordings/v0.7.2-client/{path.name}", a.out, "memory"))
     for label, manager in SCENARIOS.items():
         seen: set[str] = set()
         n = 0
         for _, path in sorted(by_label[label]):
             rec = json.loads(path.read_text(encoding="utf-8"))
+            rec["note"] = PROXY_NOTE
             fixture, sse = curate(rec, "tmp", f"recordings/v0.7.2-client/{path.name}", a.out, manager)
             key = _key({**fixture, "name": None}, sse)
             if key in seen:
