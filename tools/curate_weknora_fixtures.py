@@ -225,11 +225,22 @@ def curate(rec: dict[str, Any], name: str, source: str, out: Path, stream_manage
 
 
 def _write(folder: Path, fixture: dict, sse: str | None) -> None:
+    """The fixture as indented JSON, its response body on one line (a third smaller, the rest easy to read)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{fixture['name']}.json").write_text(json.dumps(fixture, ensure_ascii=False, indent=1) + "\n",
-                                                    encoding="utf-8")
+    response = dict(fixture["response"])
+    body = response.pop("body", _NO_BODY)
+    if body is not _NO_BODY:
+        response["body"] = _BODY_MARK
+    text = json.dumps({**fixture, "response": response}, ensure_ascii=False, indent=1)
+    if body is not _NO_BODY:
+        text = text.replace(json.dumps(_BODY_MARK), json.dumps(body, ensure_ascii=False), 1)
+    (folder / f"{fixture['name']}.json").write_text(text + "\n", encoding="utf-8")
     if sse is not None:
         (folder / fixture["response"]["sse"]).write_bytes(sse.encode("utf-8"))
+
+
+_NO_BODY = object()
+_BODY_MARK = "\u0000body\u0000"
 
 
 def _key(fixture: dict, sse: str | None) -> str:
