@@ -2,7 +2,8 @@
 
 The recordings are in ``tests/fixtures/weknora-v0.7.2/`` (its README.md says how they were made and what was
 trimmed): one JSON per interaction, the request (method, path, query, body, which credentials were sent) and
-the response (status, headers, JSON body, a text body, or an SSE stream in a ``.sse`` file beside it).
+the response (status, headers, JSON body, a text body, or an SSE stream in a ``.sse`` file beside it); a recording
+whose ``also_requests`` lists other requests answers those too (each was recorded with the very same answer).
 :class:`ReplayServer` is a real HTTP/1.1 server (the standard library's, in a thread) that answers each
 request with the recording of the same request: its status, content type and request id, and its body, the
 JSON written as Go's ``encoding/json`` writes it (compact, ``<`` ``>`` ``&`` escaped) and an SSE stream byte
@@ -58,11 +59,13 @@ class Recording:
     weknora: dict[str, Any]
     request: dict[str, Any]
     response: dict[str, Any]
+    also_requests: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> Recording:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(data["name"], path.parent, data["weknora"], data["request"], data["response"])
+        return cls(data["name"], path.parent, data["weknora"], data["request"], data["response"],
+                   tuple(data.get("also_requests", ())))
 
     @property
     def status(self) -> int:
@@ -84,17 +87,22 @@ class Recording:
         raw = (self.sse or b"").decode("utf-8")
         return [json.loads(line[5:]) for line in raw.split("\n") if line.startswith("data:")]
 
-    def key(self) -> tuple:
-        req = self.request
-        body = _canonical(req["body_text"]) if "body_text" in req else _canonical_value(req.get("body"))
-        return _key(req["method"], req["path"], [tuple(p) for p in req.get("query") or []], body,
-                    tuple(sorted(req.get("auth") or [])))
+    def request_keys(self) -> list[tuple]:
+        """The requests this recording answers: its own, and ``also_requests`` (other requests recorded with the
+        very same answer)."""
+        return [_request_key(r) for r in (self.request, *self.also_requests)]
 
     def payload(self) -> bytes:
         """The body bytes of a JSON or text answer."""
         if "body" in self.response:
             return go_json(self.response["body"]).encode("utf-8")
         return str(self.response.get("body_text", "")).encode("utf-8")
+
+
+def _request_key(req: dict[str, Any]) -> tuple:
+    body = _canonical(req["body_text"]) if "body_text" in req else _canonical_value(req.get("body"))
+    return _key(req["method"], req["path"], [tuple(p) for p in req.get("query") or []], body,
+                tuple(sorted(req.get("auth") or [])))
 
 
 def _canonical_value(value: Any) -> str | None:
@@ -161,7 +169,8 @@ class ReplayServer:
     def __init__(self, recordings: Iterable[Recording], *, hold_s: float = 30.0):
         queues: dict[tuple, deque[Recording]] = {}
         for rec in recordings:
-            queues.setdefault(rec.key(), deque()).append(rec)
+            for key in rec.request_keys():
+                queues.setdefault(key, deque()).append(rec)
         self._state = _State(queues)
         self.hold_s = hold_s
         self._httpd: ThreadingHTTPServer | None = None

@@ -30,8 +30,9 @@ WITH_PARENTS = ("c4-chunks-mini-with-parent_text-1", "c5-chunks-mini-with-parent
                 "c6-chunks-mini-with-parent_text-3")
 #: the same for the hash-embedding base's two documents
 HASH_WITH_PARENTS = ("c9-chunks-hash256-with-parent_text-1", "c10-chunks-hash256-with-parent_text-2")
-#: the embedding models of the small base and of the hash-embedding base
-MODELS = ("c1-model-get-use-multilingual", "c2-model-get-hash-embed-256", "c3-models-list")
+#: the embedding models of the small base and of the hash-embedding base, and the tenant's memory config (a key
+#: v0.7.2 does not have: 400)
+MODELS = ("c1-model-get-use-multilingual", "c2-model-get-hash-embed-256", "c3-models-list", "c11-memory-config")
 
 
 def _collected(folder: str, tmp_path_factory: pytest.TempPathFactory, extra: tuple[str, ...] = ()) -> Collected:
@@ -84,8 +85,8 @@ def answer(folder: str, stage: str, query: str) -> Recording:
             return path == "/api/v1/knowledge-search" and body.get("query") == query
         if stage == "faq":
             return path.endswith("/faq/search") and body.get("query_text") == query
-        agent = stage == "citations_ui"
-        return "/knowledge-chat/" in path and body.get("query") == query and ("agent_id" in body) == agent
+        agent = stage == "citations_ui"   # citations sends agent_id "" (no agent), citations_ui the UI's agent
+        return "/knowledge-chat/" in path and body.get("query") == query and bool(body.get("agent_id")) == agent
     (found,) = [r for r in scenario(folder) if fits(r)][-1:]
     return found
 
@@ -107,8 +108,10 @@ def record(c: Collected, query_id: str, stage: str) -> dict[str, Any]:
 
 @pytest.mark.contract("C15", "C58", "C59", "C56", "C57", "C49")
 def test_a_whole_collection_replays(pc):
-    assert pc.code == 0 and not pc.server.unmatched
-    assert {r["status"] for r in pc.records()} == {"ok"} and len(pc.records()) == 24
+    assert pc.code == 0 and not pc.server.unmatched and len(pc.records()) == 24
+    greeting = [r for r in pc.records() if r["query_id"] == "g001" and r["stage"].startswith("citations")]
+    assert {r["status"] for r in pc.records() if r not in greeting} == {"ok"}
+    assert {r["status"] for r in greeting} <= {"ok", "skipped"}   # a greeting: no retrieval, never a failure
     m = pc.manifest()
     assert m["server"]["version"] == "0.7.2" and m["server"]["edition"] == "lite"
     assert m["stages"]["hybrid"]["method"] == "POST"
@@ -138,12 +141,13 @@ def test_every_record_holds_what_weknora_answered(pc, stage):
 def test_the_inventory_of_a_parent_child_base(pc):
     chunks = pd.read_parquet(pc.run / CHUNKS)
     knowledge = pd.read_parquet(pc.run / "knowledge.parquet")
-    assert len(chunks) == 45 and set(chunks["chunk_type"]) == {"text", "summary"}   # parent_text not searchable
+    searchable = chunks[chunks["chunk_type"] != "parent_text"]   # parent_text: listed or not, never searchable
+    assert len(searchable) == 45 and set(searchable["chunk_type"]) == {"text", "summary"}
     assert chunks["chunk_id"].is_unique and set(chunks["parse_status"]) == {"completed"}
     assert len(knowledge) == 3 and set(knowledge["listing"]) == {"ok"}
     assert chunks["content"].str.contains("<host>", regex=False).any()   # raw at v0.7.2, nothing unescaped
     entry = pc.manifest()["inventory"]
-    assert entry["chunks"] == 45 and entry["content"]["escaped"] is False
+    assert entry["chunks"] == len(chunks) and entry["content"]["escaped"] is False
     assert pc.manifest()["integrity"]["content_changed"] is False
 
 
@@ -156,7 +160,8 @@ def test_the_inventory_records_parents_and_index_status(pc):
               for c in r.body["data"]}
     children = [i for i, c in listed.items() if c["chunk_type"] == "text"]
     assert {"parent_chunk_id", "index_status"} <= set(chunks.columns)
-    assert all((chunks.loc[i, "parent_chunk_id"] or "") == listed[i]["parent_chunk_id"] for i in children)
+    parents = {i: ("" if pd.isna(v) else v) for i, v in chunks["parent_chunk_id"].items()}
+    assert all(parents[i] == listed[i]["parent_chunk_id"] for i in children)
     assert set(chunks["index_status"]) == {"ready"}
 
 
@@ -189,6 +194,8 @@ def test_the_faq_stage_is_diagnosed_at_the_threshold_it_ran(faq):
 @pytest.mark.contract("C98", "C32", "C11")
 def test_mixed_embedding_models_fail_every_hybrid_request_and_are_recorded_failed(mixed):
     assert not mixed.server.unmatched
+    if mixed.code == 2 and not any(s.path.endswith("/hybrid-search") for s in mixed.server.log):
+        return   # refused before any request (the preflight of issue 45): nothing failed, nothing scored
     for stage in ("vector", "keyword", "hybrid"):
         for qid in queries("collect-mixed"):
             rec = record(mixed, qid, stage)
@@ -224,9 +231,9 @@ def test_an_embedding_429_fails_hybrid_and_leaves_final_keyword_only(embed429):
 
 def flagged_keyword_only(rec: dict[str, Any]) -> bool:
     """Whether a record says its results came from the keyword path alone (the vector path failed or was
-    dropped): a key or a value naming a keyword-only fallback."""
+    dropped): a flag or a value naming the missing vector path or a keyword-only fallback."""
     text = json.dumps({k: v for k, v in rec.items() if k != "rows"}).lower()
-    return "keyword_only" in text or "keyword-only" in text or "keyword only" in text
+    return any(w in text for w in ("vector_path_missing", "keyword_only", "keyword-only", "keyword only"))
 
 
 @pytest.mark.xfail(strict=True, reason="issue 45: keyword-only fallbacks flagged per query (knowledge-search answers "

@@ -101,10 +101,10 @@ def test_system_info_of_lite():
 @pytest.mark.contract("C49", "C47", "C26")
 def test_knowledge_base_objects_and_the_preflight():
     names = ("16-kb-detail-parent-child", "17-kb-detail-flat", "18-kb-detail-faq", "04-system-info",
-             "24-tenant-retrieval-config-get")
+             "24-tenant-retrieval-config-get", "c1-model-get-use-multilingual", "c3-models-list", "c11-memory-config")
     with replay(*names) as server:
         facts = call(server, lambda c: read_server(c, [PC, FLAT, FAQ]))
-    pc, flat, faq = (facts.knowledge_bases[k] for k in (PC, FLAT, FAQ))
+        pc, flat, faq = (call(server, lambda c, k=k: c.knowledge_base(k)) for k in (PC, FLAT, FAQ))
     assert facts.kb_types == {PC: "document", FLAT: "document", FAQ: "faq"}
     assert pc["chunking_config"]["enable_parent_child"] is True
     assert (pc["chunking_config"]["parent_chunk_size"], pc["chunking_config"]["child_chunk_size"]) == (4096, 384)

@@ -94,7 +94,13 @@ CLIENT_CALLS = {("client", 172): "c1-model-get-use-multilingual", ("client", 173
                 ("client", 177): "c6-chunks-mini-with-parent_text-3",
                 ("faqchat429", 1): "c7-session-create", ("faqchat429", 2): "c8-chat-faq-embed429",
                 ("client2", 3): "c9-chunks-hash256-with-parent_text-1",
-                ("client2", 4): "c10-chunks-hash256-with-parent_text-2"}
+                ("client2", 4): "c10-chunks-hash256-with-parent_text-2", ("client3", 87): "c11-memory-config"}
+#: recordings of the proxy added at the end of a collection's folder (requests a client may make in that run,
+#: with the same server state: the FAQ search with the threshold sent)
+SCENARIO_EXTRAS = {"collect-faq": "collect-faq-extra"}
+#: requests recorded with the same answer as a collection's recording, (label, seq) -> (label, seq): kept as that
+#: recording's ``also_requests`` (the FAQ knowledge's listing asking for parent_text too: it has none)
+ALSO = {("client", 178): ("collect-faq", 119), ("client", 179): ("collect-faq", 120)}
 
 
 #: the note of what the recording proxy saw
@@ -221,6 +227,13 @@ def curate(rec: dict[str, Any], name: str, source: str, out: Path, stream_manage
         trimmed.append("the request's password replaced by <redacted>")
     fixture = {"weknora": {**WEKNORA, "stream_manager": stream_manager}, "name": name, "note": rec.get("note", ""),
                "source": source, "trimmed": trimmed, "request": request, "response": response}
+    other = rec.get("also")
+    if other is not None:
+        if (other["response"]["status"], other["response"].get("body")) != (resp["status"], resp.get("body")):
+            raise SystemExit(f"{source}: the answer given as also_requests differs")
+        more, _ = curate({k: v for k, v in other.items() if k != "also"}, name, "", out, stream_manager)
+        fixture["also_requests"] = [more["request"]]
+        fixture["note"] += "; the same answer was recorded for each of also_requests"
     return fixture, sse_text
 
 
@@ -276,9 +289,13 @@ def main() -> None:
     for label, manager in SCENARIOS.items():
         seen: set[str] = set()
         n = 0
-        for _, path in sorted(by_label[label]):
+        also = {dst[1]: dict(by_label[src[0]])[src[1]] for src, dst in ALSO.items() if dst[0] == label}
+        extras = sorted(by_label.get(SCENARIO_EXTRAS.get(label, ""), []))
+        for seq, path in [*sorted(by_label[label]), *extras]:
             rec = json.loads(path.read_text(encoding="utf-8"))
             rec["note"] = PROXY_NOTE
+            if seq in also and path.stem.startswith(label + "-"):
+                rec["also"] = json.loads(also[seq].read_text(encoding="utf-8"))
             fixture, sse = curate(rec, "tmp", f"recordings/v0.7.2-client/{path.name}", a.out, manager)
             key = _key({**fixture, "name": None}, sse)
             if key in seen:
