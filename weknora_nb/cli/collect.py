@@ -36,6 +36,9 @@ def add_collect(sub: Subparsers) -> None:
     c.add_argument("--resume", action="store_true", help="continue the run in --out")
     c.add_argument("--retry-failed", action="store_true", help="with --resume: request failed ones again")
     c.add_argument("--timeout", type=positive_seconds, default=30.0, help="read timeout per request, seconds")
+    c.add_argument("--deadline", type=positive_seconds, default=300.0,
+                    help="longest one request may take, its retries and a chat's stream included, seconds "
+                         "(default 300)")
     c.add_argument("--max-attempts", type=at_least_1, default=4, help="attempts per request (retries + 1)")
     c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
     c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
@@ -75,7 +78,7 @@ def _collect_from_args(args: argparse.Namespace) -> int:
     system = load_system_description(args.system) if args.system else None
     stages = _collect_stages(args)
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
-                              timeout_s=args.timeout, max_attempts=args.max_attempts,
+                              timeout_s=args.timeout, deadline_s=args.deadline, max_attempts=args.max_attempts,
                               max_connections=args.concurrency)
     try:
         summary = collect(settings, args.kb_id, args.testset, args.out, stages=stages, repeats=args.repeats,
@@ -142,6 +145,9 @@ def add_check(sub: Subparsers) -> None:
     c.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
     c.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
     c.add_argument("--timeout", type=positive_seconds, default=30.0, help="read timeout per request, seconds")
+    c.add_argument("--deadline", type=positive_seconds, default=300.0,
+                    help="longest one request may take, its retries and a chat's stream included, seconds "
+                         "(default 300)")
     c.set_defaults(func=cmd_check)
 
 
@@ -157,7 +163,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     install_log_redaction(handlers=logging.getLogger().handlers)
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
-                              timeout_s=args.timeout)
+                              timeout_s=args.timeout, deadline_s=args.deadline)
     dsn = args.dsn or os.environ.get(DSN_ENV) or None
     embeddings = None
     if args.embeddings_url or args.embeddings_model:

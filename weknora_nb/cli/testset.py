@@ -35,6 +35,9 @@ def add_testset_sample(ts: Subparsers) -> None:
                    help="candidates (.jsonl, a loadable test set); summary beside it")
     s.add_argument("--concurrency", type=int_at_least(1), default=4, help="sessions read at a time (default 4)")
     s.add_argument("--timeout", type=positive_seconds, default=30.0, help="read timeout per request, seconds")
+    s.add_argument("--deadline", type=positive_seconds, default=300.0,
+                    help="longest one request may take, its retries and a chat's stream included, seconds "
+                         "(default 300)")
     s.add_argument("--max-attempts", type=int_at_least(1), default=4, help="attempts per request (retries + 1)")
     s.add_argument("--api-key-env", default="WEKNORA_API_KEY", help="environment variable holding the API key")
     s.add_argument("--tenant-id", default=None, help="X-Tenant-ID for platform keys")
@@ -51,7 +54,7 @@ def cmd_testset_sample(args: argparse.Namespace) -> int:
     from weknora_nb.core.errors import AuthFailed, NotFound
 
     settings = ClientSettings(base_url=args.base_url, api_key_env=args.api_key_env, tenant_id=args.tenant_id,
-                              timeout_s=args.timeout, max_attempts=args.max_attempts)
+                              timeout_s=args.timeout, deadline_s=args.deadline, max_attempts=args.max_attempts)
     try:
         crawl = fetch_history(settings, kb_id=args.kb_id, since=args.since, in_flight=args.concurrency)
     except (AuthFailed, NotFound) as exc:

@@ -19,6 +19,7 @@ The API key is read from the environment (``WEKNORA_API_KEY`` by default) and se
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import numbers
@@ -91,14 +92,19 @@ class ClientSettings:
     """How to reach WeKnora. The key itself is never a setting: only the variable that holds it.
 
     Checked when made: ``base_url`` must be an http:// or https:// URL with a host,
-    ``timeout_s`` > 0 seconds, ``max_attempts`` >= 1 (a :class:`UsageError` names the
-    command-line option: ``--base-url``, ``--timeout``, ``--max-attempts``).
+    ``timeout_s`` > 0 seconds, ``deadline_s`` > 0 seconds, ``max_attempts`` >= 1 (a :class:`UsageError` names
+    the command-line option: ``--base-url``, ``--timeout``, ``--deadline``, ``--max-attempts``).
+
+    ``timeout_s`` bounds each wait for bytes (a read, a connection); ``deadline_s`` bounds a whole request, its
+    retries and a chat's stream included: a body that trickles in a byte a second, or a stream that never sends
+    its last event, is a :class:`RequestTimeout` once the deadline has passed.
     """
 
     base_url: str
     api_key_env: str = API_KEY_ENV
     tenant_id: str | None = None
     timeout_s: float = 30.0
+    deadline_s: float = 300.0
     connect_timeout_s: float = 5.0
     max_attempts: int = 4
     backoff_base_s: float = 0.5
@@ -117,6 +123,8 @@ class ClientSettings:
                              "http://127.0.0.1:8080", got=_shown_url(self.base_url))
         if not _is_number(self.timeout_s) or not self.timeout_s > 0:
             raise UsageError(argument="--timeout", allowed="> 0 (seconds)", got=self.timeout_s)
+        if not _is_number(self.deadline_s) or not self.deadline_s > 0:
+            raise UsageError(argument="--deadline", allowed="> 0 (seconds)", got=self.deadline_s)
         if (not isinstance(self.max_attempts, numbers.Integral) or isinstance(self.max_attempts, bool)
                 or self.max_attempts < 1):
             raise UsageError(argument="--max-attempts", allowed=">= 1", got=self.max_attempts)
@@ -278,7 +286,7 @@ class WeKnoraClient:
             result = await self._chat_stream(sid, body)
             result.session_id = sid
             return result
-        return await self._with_retries(once)
+        return await self._within_deadline("knowledge-chat", self._with_retries(once))
 
     async def create_session(self, title: str, description: str = "created by weknora-nb") -> str:
         """``POST /api/v1/sessions`` (C58: body title and description only; answers 201); the new session's id."""
@@ -399,7 +407,17 @@ class WeKnoraClient:
         async def once() -> Any:
             resp = await self._send(method, path, json_body, params)
             return unwrap(resp, envelope=envelope, tenant_id=self.tenant_id)
-        return await (self._with_retries(once) if retry else once())
+        return await self._within_deadline(f"{method} {path}", self._with_retries(once) if retry else once())
+
+    async def _within_deadline(self, what: str, work: Awaitable[_T]) -> _T:
+        """``work``, or :class:`RequestTimeout` once :attr:`ClientSettings.deadline_s` has passed (each read has its
+        own timeout; this bounds the whole request, retries and a stream's events included)."""
+        try:
+            async with asyncio.timeout(self.settings.deadline_s):
+                return await work
+        except TimeoutError:
+            raise RequestTimeout(f"{what}: no whole answer within the deadline of {self.settings.deadline_s:g} s "
+                                 "(--deadline)") from None
 
     async def _send(self, method: str, path: str, json_body: Any, params: dict | None) -> httpx.Response:
         try:

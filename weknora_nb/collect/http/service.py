@@ -28,6 +28,8 @@ class ServiceSettings:
     model: str
     api_key_env: str
     timeout_s: float
+    #: the longest one call may take, its retries included (each read has ``timeout_s``)
+    deadline_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 4
     backoff_base_s: float = 1.0

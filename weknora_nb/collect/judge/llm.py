@@ -26,6 +26,7 @@ URL ends where the API's paths start: ``http://127.0.0.1:8080/v1`` (the sandbox,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -165,7 +166,12 @@ class LLMClient:
                         raise
                     log.info("the judge server refuses %r: sending requests without it", refused)
                     self.dropped.add(refused)
-        return await self._with_retries(once)
+        try:
+            async with asyncio.timeout(self.settings.deadline_s):   # each read has its timeout; this, the call
+                return await self._with_retries(once)
+        except TimeoutError:
+            raise RequestTimeout(f"POST /chat/completions: no whole answer within {self.settings.deadline_s:g} s"
+                                 ) from None
 
     def _body(self, messages: Sequence[dict[str, str]], temperature: float, max_tokens: int, seed: int | None,
               json_mode: bool) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def _parse(p: Path, raw: bytes) -> tuple[Records, int]:
         problem = _record_problem(rec)
         if problem:
             raise RunFolderError(f"{p}: line {i + 1} is not a request record ({problem}); the checkpoint is damaged")
-        records[(rec["query_id"], rec["stage"], rec["repeat"])] = rec
+        records[(rec["query_id"], rec["stage"], rec["repeat"])] = _beyond_int64(rec)
         good_end += len(line) + 1
     return records, min(good_end, len(raw))
 
@@ -134,6 +134,18 @@ def _record_problem(rec: Any) -> str | None:
 def _is(value: Any, kinds: tuple[type, ...]) -> bool:
     """``isinstance(value, kinds)``, a bool being no number."""
     return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _beyond_int64(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec``, or, when a row of it holds an integer beyond the int64 range a results table stores (a collector
+    before that rule recorded what a server sent), the same request recorded as failed (``protocol``), so that the
+    run can be resumed and the request made again with ``--retry-failed``."""
+    for row in rec.get("rows") or []:
+        for (name, _), value in zip(_ROW_TYPES, row, strict=False):
+            if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+                return {**rec, "status": "protocol", "rows": [], "latency_ms": None,
+                        "error": f"a result's {name} is beyond the int64 range, not what WeKnora sends"}
+    return rec
 
 
 class CheckpointWriter:

@@ -25,7 +25,7 @@ from weknora_nb.collect.run.checkpoint import CheckpointWriter
 from weknora_nb.collect.run.flags import REFERENCES_REBUILT, request_flags
 from weknora_nb.collect.run.folder import RunFolder
 from weknora_nb.collect.run.stages import Stage
-from weknora_nb.core.errors import AuthFailed, RequestFailed, writing
+from weknora_nb.core.errors import AuthFailed, ProtocolFailed, RequestFailed, writing
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.results import NOT_FAILED, SKIPPED
 
@@ -247,7 +247,8 @@ def _rows(items: list[dict[str, Any]], stage: Stage, *, keep_all: bool = False) 
     questions: list[Any] = []
     dropped = 0
     keep = None if keep_all else stage.keep_match_types
-    for it in items:
+    for position, it in enumerate(items, start=1):
+        _check_item(it, position)
         mt = _int(it.get("match_type"))
         if keep is not None and mt is not None and mt not in keep:
             dropped += 1
@@ -255,13 +256,56 @@ def _rows(items: list[dict[str, Any]], stage: Stage, *, keep_all: bool = False) 
         meta = it.get("metadata")
         meta = meta if isinstance(meta, dict) else {}
         kid, subs = it.get("knowledge_id"), it.get("sub_chunk_id")
-        rows.append([len(rows) + 1, str(it.get("id", "")), _float(it.get("score")),
+        rows.append([len(rows) + 1, it["id"], _float(it.get("score")),
                      None if kid is None else str(kid), _int(it.get("chunk_index")), mt,
                      [str(x) for x in subs] if isinstance(subs, list) else [],
                      _float(meta.get("base_score")), _float(meta.get("model_score")),
                      _text(it.get("parent_chunk_id")), _text(it.get("chunk_type"))])
         questions.append(it.get("matched_question"))
     return rows, dropped, questions if any(q is not None for q in questions) else []
+
+
+#: the int64 range every integer of a results row is stored in
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _check_item(item: dict[str, Any], position: int) -> None:
+    """:class:`ProtocolFailed` naming the field when a result item is not what WeKnora sends (its Go types,
+    docs/weknora-contract.md C21): ``id`` a non-empty string without surrounding whitespace; ``match_type`` and
+    ``chunk_index`` integers (int64) or null; ``score`` a number or null; ``knowledge_id`` and ``parent_chunk_id``
+    strings or null; ``sub_chunk_id`` a list of non-empty strings or null. Stored as they came, such items would
+    be scored as ids like ``"None"`` or pass the match-type filter unseen."""
+    problem = _item_problem(item)
+    if problem is not None:
+        raise ProtocolFailed(f"result {position}: {problem}, not what WeKnora sends")
+
+
+def _item_problem(item: dict[str, Any]) -> str | None:
+    cid = item.get("id")
+    if not isinstance(cid, str) or not cid.strip() or cid != cid.strip():
+        return f"field 'id' is {_shown(cid)}, not a non-empty string without surrounding spaces"
+    for name in ("match_type", "chunk_index"):
+        v = item.get(name)
+        if v is not None and (type(v) is not int or not _INT64[0] <= v <= _INT64[1]):
+            return f"field {name!r} is {_shown(v)}, not an integer of the int64 range"
+    score = item.get("score")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
+        return f"field 'score' is {_shown(score)}, not a number"
+    for name in ("knowledge_id", "parent_chunk_id"):
+        if item.get(name) is not None and not isinstance(item[name], str):
+            return f"field {name!r} is {_shown(item[name])}, not a string"
+    subs = item.get("sub_chunk_id")
+    if subs is not None and not (isinstance(subs, list) and all(isinstance(x, str) and x.strip() for x in subs)):
+        return f"field 'sub_chunk_id' is {_shown(subs)}, not a list of non-empty strings"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as the message shows it (at most 60 characters)."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _text(x: Any) -> str | None:
