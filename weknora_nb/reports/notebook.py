@@ -127,11 +127,11 @@ def show_html(html: str) -> HTML:
 
 
 def failure_note(run: Run, stages: Iterable[str] | None = None) -> HTML | None:
-    """The sentence ``Nothing was scored: <why>`` when no request at all was, else ``Every request of stage X
+    """The sentence ``Nothing was scored: <why>`` when no request at all was, then ``Every request of stage X
     failed (kinds: ...)`` for each such stage (of ``stages``, default all), escaped; None when there is none."""
     nothing = run.scores.counts.nothing_scored
-    lines = ([f"Nothing was scored: {nothing}."] if nothing is not None
-             else failure_lines(run.scores, None if stages is None else list(stages)))
+    lines = ([f"Nothing was scored: {nothing}."] if nothing is not None else [])
+    lines += failure_lines(run.scores, None if stages is None else list(stages))
     if not lines:
         return None
     return HTML(f'<div class="weknora-failed">{safe.bullets(lines, bold=True)}</div>')
