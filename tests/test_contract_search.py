@@ -122,7 +122,7 @@ def synthetic(chunks: list[Chunk], found: dict[str, float], model: dict[str, flo
 
 def settings(rerank: bool = True, top_k: int = 10, threshold: float = 0.2) -> PipelineSettings:
     return replace(CONVERSATION_SETTINGS, embedding_top_k=50, rerank_top_k=top_k, rerank_threshold=threshold,
-                   rerank=rerank)
+                   rerank=rerank, query_expansion=False)  # knowledge-search's: no query expansion (C115)
 
 
 def ids(engine: RetrievalEngine, hits) -> list[str]:
@@ -453,7 +453,7 @@ def test_v06_loads_small_documents_directly(mini_index, mini_versions):
 def test_chat_runs_the_conversation_settings_without_rerank():
     config_yaml = PipelineSettings(embedding_top_k=30, vector_threshold=0.2, keyword_threshold=0.3, rerank_top_k=30,
                                    rerank_threshold=0.3, rrf_k=60, rrf_vector_weight=0.7, rrf_keyword_weight=0.3,
-                                   rerank=False)
+                                   rerank=False, query_expansion=True)
     assert config_yaml == CONVERSATION_SETTINGS
 
 

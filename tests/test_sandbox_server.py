@@ -170,9 +170,11 @@ def test_chat_stream_has_references_answer_and_complete(client, server):
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     kinds = [e["response_type"] for e in events]
-    # C63: the stream starts with agent_query; C64: the references come before the answer
-    assert kinds[:2] == ["agent_query", "references"] and kinds[-1] == "complete" and "answer" in kinds
-    refs = events[1]["knowledge_references"]
+    # C63: the stream starts with agent_query; C116: the query understanding and the retrieval as tool calls;
+    # C64: the references come before the answer
+    progress = ["tool_call", "tool_result"] * 2
+    assert kinds[:6] == ["agent_query", *progress, "references"] and kinds[-1] == "complete" and "answer" in kinds
+    refs = events[5]["knowledge_references"]
     answer = "".join(e["content"] for e in events if e["response_type"] == "answer")
     assert "抽取式回答" in answer  # the sandbox says it has no language model
     assert f'chunk_id="{refs[0]["id"]}"' in answer and f'kb_id="{server.kb_id}"' in answer
@@ -185,7 +187,8 @@ def test_chat_errors_and_cut_stream(client, server):
     server.set_faults(stream_cut_rate=1.0)
     events = sse_events(client.post(f"/api/v1/knowledge-chat/{sid}",
                                     json={"query": "密码", "knowledge_base_ids": [server.kb_id]}).text)
-    assert [e["response_type"] for e in events] == ["agent_query", "references"]  # cut after the references
+    progress = ["tool_call", "tool_result"] * 2  # C116
+    assert [e["response_type"] for e in events] == ["agent_query", *progress, "references"]  # cut after them
 
 
 def test_retrieval_config(client, server):

@@ -30,6 +30,7 @@ def test_wheel_runs_the_demo_in_an_empty_folder(demo_from_wheel):
     t0 = time.perf_counter()
     d = demo_from_wheel
     assert "weknora_nb/sandbox/demo/testset.jsonl" in d.shipped
+    assert "weknora_nb/sandbox/demo/parent-child/testset.jsonl" in d.shipped   # version parent-child's test set
     assert {f"weknora_nb/reports/notebooks/{nb}.ipynb" for nb in NOTEBOOKS} <= d.shipped
 
     assert d.where.returncode == 0, d.where.stderr

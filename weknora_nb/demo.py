@@ -8,7 +8,8 @@ the demo test set at every stage with 3 repeats, judges the answers of
 :data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, checks each version's knowledge
 base (the API, its Postgres tables as a read-only role, the test set traced into the vector
 store: ``check.json`` and ``vector_trace*`` in the run folder), renders all reports (baseline
-alone, then each other version compared with the baseline), stops the sandbox and returns
+alone, then each other version compared with the baseline, except those measured on a test set
+of their own: the FAQ knowledge base's, the parent-child one's), stops the sandbox and returns
 the path of ``<out>/reports/index.html``.
 
 Nothing here needs a checkout: the demo data and the notebooks are read from the installed
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 DEMO_STAGES = "vector,keyword,hybrid,final,citations"
 #: a version with an FAQ knowledge base measures that base on its own test set (no keyword path there, C20)
 FAQ_STAGES = "vector,hybrid,final,faq"
+#: the single-path stages, which a parent-child version leaves out (its paths search what baseline's search)
+PATH_STAGES = ("vector", "keyword")
 #: the versions whose answers the sandbox's rule-based judge scores (docs/method.md section 11)
 JUDGED_VERSIONS = ("baseline", "rerank")
 
@@ -66,18 +69,26 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def demo_testset(out: Path, limit: int | None = None, *, faq: bool = False) -> Path:
-    """The demo test set (``faq``: the FAQ knowledge base's, ``faq/testset.jsonl``): the shipped file, or
-    (``limit`` = N) its first N queries in file order, written to ``<out>/testset-first-<N>.jsonl``
-    (``faq-testset-first-<N>.jsonl``) so that the runs' manifests point to a file that stays."""
-    full = demo_dir() / ("faq/testset.jsonl" if faq else "testset.jsonl")
+#: the demo's test sets besides ``testset.jsonl``, by knowledge base: the FAQ knowledge base's, and the document one
+#: chunked parent-child (its labels carried over to the children, ``parent-child/README.md``)
+OTHER_TESTSETS = {"faq": "faq/testset.jsonl", "parent-child": "parent-child/testset.jsonl"}
+
+
+def demo_testset(out: Path, limit: int | None = None, *, faq: bool = False, kind: str | None = None) -> Path:
+    """The demo test set of a knowledge base (``kind``: ``faq`` for the FAQ knowledge base's, ``faq/testset.jsonl``;
+    ``parent-child`` for the document knowledge base chunked parent-child, ``parent-child/testset.jsonl``; None, the
+    flat document one, ``testset.jsonl``; ``faq`` = True is ``kind="faq"``): the shipped file, or (``limit`` = N) its
+    first N queries in file order, written to ``<out>/testset-first-<N>.jsonl`` (``<kind>-testset-first-<N>.jsonl``)
+    so that the runs' manifests point to a file that stays."""
+    kind = "faq" if faq else kind
+    full = demo_dir() / (OTHER_TESTSETS[kind] if kind else "testset.jsonl")
     if limit is None:
         return full
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise UsageError(argument="limit", allowed="an integer >= 1", got=limit)
     ts = load_testset(full)
     first = ts.queries["query_id"].tolist()[:limit]
-    path = out / f"{'faq-' if faq else ''}testset-first-{limit}.jsonl"
+    path = out / f"{kind + '-' if kind else ''}testset-first-{limit}.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     ts.subset(first).to_jsonl(path)
     return path
@@ -226,11 +237,15 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
 def _stages_for(version: VersionConfig, stages: str) -> str:
     """The stages a version is measured at: an FAQ version's (:data:`FAQ_STAGES`), a version with seeded integrity
     faults only the retrieval stages of ``stages`` (its point is what the check finds and what it costs retrieval),
-    the others ``stages``."""
+    a parent-child version those of ``stages`` from hybrid on (its children index the flat chunks' texts, so its
+    vector and keyword paths find what baseline's find; the hybrid stage stays for the diagnosis of the later
+    ones), the others ``stages``."""
     if version.faq_enabled:
         return FAQ_STAGES
     if any(version.integrity_faults().values()):
         return ",".join(s for s in stages.split(",") if s != "citations")
+    if version.parent_child is not None:
+        return ",".join(s for s in stages.split(",") if s not in PATH_STAGES) or stages
     return stages
 
 
@@ -296,17 +311,22 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     all_versions = load_demo_versions()
     names = versions or list(all_versions)
     faq = {v for v in names if all_versions[v].faq_enabled}
+
+    parent_child = {v for v in names if all_versions[v].parent_child is not None}
     seconds: dict[str, float] = {}
 
     def build() -> None:
         t0 = time.perf_counter()
         build_index(show_progress=progress)
         for v in names:
-            build_index().warm(all_versions[v])
+            build_index(parent_child=all_versions[v].parent_child).warm(all_versions[v])
         seconds["index"] = time.perf_counter() - t0
 
+    def kind(v: str) -> str | None:
+        return "faq" if v in faq else "parent-child" if v in parent_child else None
+
     t0 = time.perf_counter()
-    work = [VersionJob(v, demo_testset(out, limit, faq=v in faq), out / "runs" / v, faq=v in faq,
+    work = [VersionJob(v, demo_testset(out, limit, kind=kind(v)), out / "runs" / v, faq=v in faq,
                        judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
                        stages=_stages_for(all_versions[v], stages),
                        collect={"repeats": repeats, "concurrency": concurrency, "progress": progress})
@@ -316,6 +336,6 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     seconds["collect"] = time.perf_counter() - t0 - seconds["index"]   # the workers started during the index
 
     t0 = time.perf_counter()
-    index, reports = _render_all(out, names, faq, no_input, jobs)
+    index, reports = _render_all(out, names, faq | parent_child, no_input, jobs)
     seconds["render"] = time.perf_counter() - t0
     return DemoResult(index, reports, seconds)

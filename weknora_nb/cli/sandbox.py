@@ -15,6 +15,7 @@ PG_PASSWORD_ENV = "WEKNORA_NB_PG_PASSWORD"
 
 def add_sandbox(sub: Subparsers) -> None:
     from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES
+    from weknora_nb.sandbox.versions import STREAM_MANAGERS
 
     sb = sub.add_parser("sandbox", help="the embedded knowledge base that speaks WeKnora's API")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
@@ -28,6 +29,9 @@ def add_sandbox(sub: Subparsers) -> None:
     serve.add_argument("--faults", type=faults, default=None,
                        help='faults to inject, as JSON, e.g. \'{"latency_ms": 50, "error_rate": 0.05}\'')
     serve.add_argument("--allow-fault-control", action="store_true", help="expose PUT /_sandbox/faults")
+    serve.add_argument("--stream-manager", default=None, choices=list(STREAM_MANAGERS),
+                       help="how chat references reach the client: memory (WeKnora Lite's) or redis (rebuilt, "
+                            "losing match_type, sub_chunk_id and metadata); default: the version's")
     serve.set_defaults(func=cmd_sandbox_serve)
     build = sbs.add_parser("build", help="chunk the documents and build every index (embeddings are cached)")
     build.add_argument("--data", default=None)
@@ -53,7 +57,7 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
                          "the sandbox accepts that key and clients read it from the same variable")
     server = SandboxServer(args.version, host=args.host, port=args.port, data_dir=args.data, faults=args.faults,
                            allow_fault_control=args.allow_fault_control, show_progress=True,
-                           weknora_version=args.weknora_version)
+                           weknora_version=args.weknora_version, stream_manager=args.stream_manager)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with server:
@@ -96,8 +100,12 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     index = build_index(args.data, show_progress=True)
+    others: dict[Any, Any] = {}   # the indexes of another chunking (parent-child versions, C110)
     for v in load_demo_versions(args.data).values():
-        index.warm(v)
+        if v.parent_child is None:
+            index.warm(v)
+        else:
+            others.setdefault(v.parent_child, build_index(args.data, parent_child=v.parent_child)).warm(v)
     docs = len({c.knowledge_id for c in index.chunks})
     print(f"{len(index.chunks)} chunks from {docs} documents; index built in {time.perf_counter() - t0:.1f} s")
     if args.write_seed:
@@ -106,8 +114,15 @@ def cmd_sandbox_build(args: argparse.Namespace) -> int:
         data = Path(args.data or demo_dir())
         queries = [q for ts in (data / "testset.jsonl", data / "faq" / "testset.jsonl") if ts.exists()
                    for q in load_testset(ts).queries["query"].tolist()]
+        variants: list[str] = []
+        if (data / "testset.jsonl").exists():  # the variants a chat searches when it finds too little (C115)
+            from weknora_nb.sandbox.agent import chat_variants
+
+            asked = load_testset(data / "testset.jsonl").queries["query"].tolist()
+            versions = [v for v in load_demo_versions(args.data).values() if not v.faq_enabled]
+            variants = chat_variants(asked, versions, lambda v: others.get(v.parent_child, index))
         # each model's texts: index texts (vector), passages (reranker), and the test sets' queries
-        for f in index.write_seed(data / "cache", queries):
+        for f in index.write_seed(data / "cache", queries, also=list(others.values()), vector_queries=variants):
             print(f"wrote {f}")
     return 0
 

@@ -81,7 +81,8 @@ class Catalog:
 
     # -- lookups -------------------------------------------------------------------------
     def chunk_type(self, i: int) -> str:
-        """The chunk type of chunk ``i`` (C54): ``text`` for document chunks, ``faq`` for FAQ entries."""
+        """The chunk type of chunk ``i`` (C54): ``text`` for document chunks, ``faq`` for FAQ entries,
+        ``parent_text`` for the parents of a parent-child document (C110)."""
         return self.index.chunks[i].chunk_type
 
     def kb_of_chunk(self, i: int) -> str | None:
@@ -101,12 +102,16 @@ class Catalog:
         indexing strategy, counts and capabilities."""
         kb, v = self.kbs[kb_id], self.engine.version
         faq = kb.type == "faq"
-        chunks = sum(len(self.chunks_of[k]) for k in kb.knowledge_ids)
+        chunks = sum(1 for k in kb.knowledge_ids for i in self.chunks_of[k] if self.chunk_type(i) != "parent_text")
+        chunking: dict[str, Any] = {"chunk_size": MAX_CHARS, "chunk_overlap": 0, "separators": ["\n\n", "\n", "。"],
+                                    "strategy": "heading"}
+        if v.parent_child is not None and not faq:  # omitempty when off (types/knowledgebase.go:184-194 @ v0.7.2)
+            chunking.update(enable_parent_child=True, parent_chunk_size=v.chunking_parent_chunk_size,
+                            child_chunk_size=v.chunking_child_chunk_size)
         return {
             "id": kb.id, "name": kb.name, "type": kb.type, "is_temporary": False, "description": "",
             "tenant_id": TENANT_ID, "creator_id": "", "embedding_model_id": v.embedding_model, "summary_model_id": "",
-            "chunking_config": {"chunk_size": MAX_CHARS, "chunk_overlap": 0, "separators": ["\n\n", "\n", "。"],
-                                "strategy": "heading"},
+            "chunking_config": chunking,
             "indexing_strategy": {"vector_enabled": v.vector_enabled, "keyword_enabled": v.keyword_enabled and not faq,
                                   "wiki_enabled": False, "graph_enabled": False},
             "faq_config": {"index_mode": v.faq_index_mode, "question_index_mode": v.faq_question_index_mode}
@@ -122,7 +127,8 @@ class Catalog:
         """The knowledge object (C51; no chunk count): one per document of the corpus."""
         first = self.index.chunks[self.chunks_of[kid][0]]
         faq = first.chunk_type == "faq"  # an FAQ group: type and source "faq" (knowledge_faq.go:1672-1676 @ v0.7.2)
-        size = sum(len(self.index.chunks[i].content.encode("utf-8")) for i in self.chunks_of[kid])
+        size = sum(len(self.index.chunks[i].content.encode("utf-8")) for i in self.chunks_of[kid]
+                   if self.chunk_type(i) != "parent_text")
         at = go_time(self._order[kid])
         return {
             "id": kid, "tenant_id": TENANT_ID, "knowledge_base_id": self.kb_of[kid], "tags": [],
@@ -153,7 +159,7 @@ class Catalog:
             "chunk_index": c.chunk_index, "is_enabled": True, "flags": 1, "status": 2, "start_at": c.start_at,
             "end_at": c.end_at, "pre_chunk_id": self.index.chunks[prev_i].id if prev_i is not None else "",
             "next_chunk_id": self.index.chunks[next_i].id if next_i is not None else "",
-            "chunk_type": self.chunk_type(i), "parent_chunk_id": "", "relation_chunks": None,
+            "chunk_type": self.chunk_type(i), "parent_chunk_id": c.parent_chunk_id, "relation_chunks": None,
             "indirect_relation_chunks": None, "metadata": None,
             "content_hash": hashlib.sha256(c.content.encode("utf-8")).hexdigest(), "image_info": "",
             "created_at": go_time(self._order[c.knowledge_id]), "updated_at": go_time(self._order[c.knowledge_id]),
@@ -168,6 +174,8 @@ class Catalog:
         meta: dict[str, str] = {}
         if reranked_metadata and h.model_score is not None:
             meta["base_score"] = f"{h.base_score if h.base_score is not None else h.score:.4f}"
+            if h.faq_original_score is not None:   # C119, keys in Go's map order
+                meta.update(faq_boosted="true", faq_original_score=f"{h.faq_original_score:.4f}")
             if self.release.model_score_metadata:
                 meta["model_score"] = f"{h.model_score:.4f}"
         return {
@@ -175,7 +183,8 @@ class Catalog:
             "chunk_index": c.chunk_index, "knowledge_title": c.knowledge_title, "start_at": c.start_at,
             "end_at": c.end_at, "seq": c.chunk_index, "score": h.score, "match_type": h.match_type,
             "sub_chunk_id": list(h.sub_chunk_ids) or None, "metadata": meta, "chunk_type": c.chunk_type,
-            "parent_chunk_id": "", "image_info": "", "knowledge_filename": "" if c.faq else f"{c.knowledge_id}.md",
+            "parent_chunk_id": c.parent_chunk_id, "image_info": "",
+            "knowledge_filename": "" if c.faq else f"{c.knowledge_id}.md",
             "knowledge_source": "faq" if c.faq else "", "knowledge_channel": "web",
             "matched_content": index_text(c), "knowledge_base_id": self.kb_of.get(c.knowledge_id, "")}
 

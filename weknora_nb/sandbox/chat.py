@@ -5,13 +5,17 @@
   "message": ...}``, C10) within the caller's scope. They are kept until deleted, as WeKnora keeps
   them. Reading them (get, list, load) is :mod:`.session_routes`', over these sessions and the
   generated history (:mod:`.history`) added on first use (:meth:`Conversations.load_history`).
-- knowledge-chat (C60-C66): the SSE stream ``event:message\\ndata:<json>\\n\\n`` (C62) of
-  ``agent_query``, ``references`` (before the answer; at v0.6.2 after its first piece, C64),
+- knowledge-chat (C60-C66, C113-C117): the SSE stream ``event:message\\ndata:<json>\\n\\n`` (C62) of
+  ``agent_query``; from v0.6.3 the query understanding and the retrieval as ``tool_call`` /
+  ``tool_result`` pairs (C116); ``references`` (before the answer; at v0.6.2 after its first piece,
+  C64), rebuilt as the Redis stream manager rebuilds them when the server runs one (C117);
   ``answer`` pieces, a closing ``answer`` with ``done`` true, ``complete``; inline ``<kb .../>``
-  citations on releases whose server writes them (C65). On a session with no title and
-  ``disable_title`` false, the first message costs a (simulated) title LLM call and the stream
-  ends with ``session_title`` (C61). The sandbox has no language model: its answer quotes the
-  top references and says so.
+  citations on releases whose server writes them (C65). The retrieval runs the agent's settings
+  when ``agent_id`` names one (C113), and not at all for a greeting or small talk (the sandbox's
+  rule-based intent, C114: no ``knowledge_search`` events, no references). On a session with no
+  title and ``disable_title`` false, the first message costs a (simulated) title LLM call and
+  the stream ends with ``session_title`` (C61). The sandbox has no language model: its answer
+  quotes the top references and says so.
 - Search (C68, C88): ``POST /messages/search`` over every session's messages (the history's too),
   tenant-wide, or the caller's own and legacy ones on releases that scope it (main); a keyword
   match whatever ``mode`` says.
@@ -32,14 +36,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from weknora_nb.sandbox.agent import classify_intent, needs_retrieval, small_talk_answer
 from weknora_nb.sandbox.auth import Principal, principal_of, refuse_targets
 from weknora_nb.sandbox.catalog import go_html_escape, go_time
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.tokenize import tokenize
 from weknora_nb.sandbox.wire import NOT_FOUND, Field, app_error, bind_request, go_json, ok
 
-#: knowledge-chat's retrieval: (query, KB ids, knowledge ids) -> the references, as search results (C22)
-ChatSearch = Callable[[str, list[str], list[str]], list[dict[str, Any]]]
+#: knowledge-chat's retrieval: (query, KB ids, knowledge ids, agent id) -> the references, as search results (C22)
+ChatSearch = Callable[[str, list[str], list[str], str], list[dict[str, Any]]]
 
 _SESSION_FIELDS = (Field("title", "string"), Field("description", "string"))
 _CHAT_FIELDS = (Field("query", "string", "Query", required=True), Field("knowledge_base_ids", "[]string"),
@@ -117,10 +122,12 @@ class Conversations:
     """Sessions, chat and history of one sandbox server (see the module docstring)."""
 
     def __init__(self, *, release: WeKnoraRelease, search: ChatSearch,
-                 history: Callable[[], Iterable[Session]] | None = None):
-        """``history``: the sessions of the generated history, made on the first :meth:`load_history`."""
+                 history: Callable[[], Iterable[Session]] | None = None, stream_manager: str = "memory"):
+        """``history``: the sessions of the generated history, made on the first :meth:`load_history`;
+        ``stream_manager``: the server's (``memory`` or ``redis``, C117)."""
         self.release = release
         self.search = search
+        self.stream_manager = stream_manager
         self.sessions: dict[str, Session] = {}
         self.stats: dict[str, int] = {"sessions_created": 0, "sessions_deleted": 0, "title_calls": 0,
                                       "chat_requests": 0}
@@ -178,9 +185,12 @@ class Conversations:
             return refused
         self.stats["chat_requests"] += 1
         s.last_request_state = _request_state(body, kb_ids, knowledge_ids, self.release)
-        refs = self.search(body["query"], kb_ids, knowledge_ids) if kb_ids or knowledge_ids else []
+        rag = bool(kb_ids or knowledge_ids)   # no knowledge base: pure chat, no understanding step (C66)
+        intent = classify_intent(body["query"]) if rag else "kb_search"
+        searched = rag and needs_retrieval(intent)
+        refs = self.search(body["query"], kb_ids, knowledge_ids, body["agent_id"]) if searched else []
         title = self._title_call(s, body)
-        events = self._events(s, body["query"], refs, title)
+        events = self._events(s, body["query"], refs, title, _Steps(rag, searched, intent))
         return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
     def _title_call(self, s: Session, body: dict[str, Any]) -> str | None:
@@ -191,11 +201,15 @@ class Conversations:
         s.title = body["query"].strip()[:20] or "新对话"
         return s.title
 
-    async def _events(self, s: Session, query: str, refs: list[dict[str, Any]],
-                      title: str | None) -> AsyncIterator[bytes]:
-        """The stream's events in WeKnora's order (C63, C64), recording the exchange as two messages."""
+    async def _events(self, s: Session, query: str, refs: list[dict[str, Any]], title: str | None,
+                      steps: _Steps) -> AsyncIterator[bytes]:
+        """The stream's events in WeKnora's order (C63, C64, C116), recording the exchange as two messages (their
+        references as the pipeline made them: the stream manager only carries the event, C117). The references
+        event carries them twice: ``knowledge_references`` (rebuilt by a Redis stream manager) and the event's
+        ``data.references``, every field kept (C97)."""
         request_id, answer_id = str(uuid.uuid4()), str(uuid.uuid4())
-        pieces = _extractive_answer(refs, self.release.inline_citations)
+        pieces = _extractive_answer(refs, self.release.inline_citations) if steps.searched else \
+            [small_talk_answer(steps.intent)]
         self._record(s, request_id, query, "".join(pieces), refs, answer_id)
 
         def event(kind: str, content: str = "", done: bool = False, **extra: Any) -> bytes:
@@ -203,9 +217,15 @@ class Conversations:
             return b"event:message\ndata:" + go_json(payload) + b"\n\n"
         yield event("agent_query", done=True, session_id=s.id, assistant_message_id=answer_id,
                     data={"session_id": s.id, "assistant_message_id": answer_id})
+        if self.release.progress_events and steps.rag:
+            for kind, content, data in _progress(query, refs, steps.searched):
+                yield event(kind, content, data=data)
         answer = [event("answer", piece) for piece in pieces]
         if refs:  # only a non-empty merge result is sent (C64)
-            answer.insert(0 if self.release.references_first else 1, event("references", knowledge_references=refs))
+            sent = refs if self.stream_manager == "memory" else \
+                [redis_round_trip(r, keep_metadata=self.release.redis_keeps_metadata) for r in refs]
+            answer.insert(0 if self.release.references_first else 1, event("references", knowledge_references=sent,
+                                                                             data={"references": refs}))
         for message in answer:
             await asyncio.sleep(0)
             yield message
@@ -255,6 +275,67 @@ class Conversations:
                                   "match_type": "keyword", "created_at": q["created_at"]})
         items.sort(key=lambda it: -it["score"])
         return ok({"items": items[: body["limit"] or 20], "total": len(items)})
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What a chat's pipeline did: ``rag`` (it had knowledge to search: query understanding ran), ``searched``
+    (its intent needed retrieval, which ran) and the ``intent`` (C114)."""
+
+    rag: bool
+    searched: bool
+    intent: str
+
+
+def _progress(query: str, refs: list[dict[str, Any]], searched: bool) -> list[tuple[str, str, dict[str, Any]]]:
+    """C116: ``(response_type, content, data)`` of the pipeline's progress events (chat_pipeline/progress.go:80-230,
+    handler/session/agent_stream_handler.go:166-262 @ v0.7.2): ``query_understand``'s call and result, then, when
+    it searched, ``knowledge_search``'s, whose result counts the references. Data keys in Go's map order (sorted)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    steps: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("query_understand", {"query": query}, {"output": "已完成问题理解"})]
+    if searched:
+        n = len(refs)
+        steps.append(("knowledge_search", {"query": query, "search_source": "knowledge"},
+                      {"count": n, "doc_count": n, "output": f"检索到 {n} 条相关内容" if n else "未检索到相关内容",
+                       "search_source": "knowledge", "web_count": 0}))
+    for tool, arguments, result in steps:
+        call_id = str(uuid.uuid4())
+        out.append(("tool_call", f"Calling tool: {tool}",
+                    {"arguments": arguments, "tool_call_id": call_id, "tool_name": tool}))
+        data = {**result, "duration_ms": 0, "error": "", "success": True, "tool_call_id": call_id, "tool_name": tool}
+        out.append(("tool_result", "", dict(sorted(data.items()))))
+    return out
+
+
+#: C117: the fields of a reference the Redis stream manager's rebuild keeps (SearchResult's order), and their kind
+_REBUILT = (("id", str), ("content", str), ("knowledge_id", str), ("chunk_index", int), ("knowledge_title", str),
+            ("start_at", int), ("end_at", int), ("seq", int), ("score", float))
+_REBUILT_TAIL = ("chunk_type", "parent_chunk_id", "image_info", "knowledge_filename", "knowledge_source")
+
+
+def redis_round_trip(ref: dict[str, Any], *, keep_metadata: bool = False) -> dict[str, Any]:
+    """A reference as it reaches the client through the Redis stream manager (C117): rebuilt from its JSON map by
+    ``buildStreamResponse`` (handler/session/helpers.go:219-245 @ v0.7.2): ``match_type`` 0, ``sub_chunk_id`` and
+    ``metadata`` null (main keeps ``metadata``: ``keep_metadata``), ``knowledge_channel`` "", ``matched_content``
+    and the other omitempty fields gone but ``knowledge_description`` and ``knowledge_base_id``."""
+    out: dict[str, Any] = {}
+    for key, kind in _REBUILT:
+        value = ref.get(key)
+        if kind is str:
+            out[key] = value if isinstance(value, str) else ""
+        else:
+            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+            out[key] = int(number) if kind is int else number
+    meta = ref.get("metadata") if keep_metadata else None
+    out.update(match_type=0, sub_chunk_id=None,
+               metadata={k: v for k, v in meta.items() if isinstance(v, str)} if isinstance(meta, dict) else None)
+    out.update({key: ref.get(key) if isinstance(ref.get(key), str) else "" for key in _REBUILT_TAIL})
+    out["knowledge_channel"] = ""
+    for key in ("knowledge_description", "knowledge_base_id"):
+        if isinstance(ref.get(key), str) and ref[key]:
+            out[key] = ref[key]
+    return out
 
 
 def _request_state(body: dict[str, Any], kb_ids: list[str], knowledge_ids: list[str],

@@ -39,7 +39,7 @@ FAQ_FILE = Path("faq") / "faq.jsonl"
 
 MAX_CHARS = 420
 HARD_MAX = 900
-_HEADING = re.compile(r"^(#{1,4})\s+(.+?)\s*#*\s*$")
+HEADING = re.compile(r"^(#{1,4})\s+(.+?)\s*#*\s*$")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=\.)\s+")
 
@@ -72,10 +72,24 @@ class Chunk:
     chunk_type: str = "text"
     #: the entry an FAQ chunk holds (None for document chunks)
     faq: FaqEntry | None = None
+    #: C110: the ``parent_text`` chunk a child chunk belongs to ("" for a flat chunk, a parent, a child whose parent
+    #: was not stored)
+    parent_chunk_id: str = ""
+    #: C110: what is indexed before the content: a child's heading path (WeKnora's ``ContextHeader``); "" for a
+    #: flat chunk, whose heading path is the first line of its content
+    context_header: str = ""
+    #: C110: embedded and keyword-indexed (False: a ``parent_text`` chunk, a child without parent in a parent-child
+    #: document)
+    indexed: bool = True
+    #: C110: linked to the previous and next chunk of its type by ``pre_chunk_id`` / ``next_chunk_id`` (False:
+    #: the children of a parent-child document)
+    linked: bool = True
 
     @property
     def body(self) -> str:
-        """The chunk's text without its heading-path line."""
+        """The chunk's text without its heading-path line (a child's or a parent's: the content itself)."""
+        if self.context_header or self.chunk_type == "parent_text":
+            return self.content
         return self.content.split("\n", 1)[1] if "\n" in self.content else ""
 
 
@@ -180,7 +194,7 @@ def chunk_markdown(text: str, doc_id: str, *, max_chars: int = MAX_CHARS, hard_m
         raw = line.rstrip("\n")
         if raw.strip().startswith("```"):
             in_code = not in_code
-        m = None if in_code else _HEADING.match(raw)
+        m = None if in_code else HEADING.match(raw)
         if m:
             close()
             level, heading = len(m.group(1)), m.group(2).strip()
@@ -245,8 +259,9 @@ def index_text(chunk: Chunk) -> str:
     if chunk.faq is not None:
         f = chunk.faq
         return "\n".join((f.standard_question, *f.similar_questions, *f.answers))
+    content = f"{chunk.context_header}\n{chunk.content}" if chunk.context_header else chunk.content
     title = chunk.knowledge_title.strip()
-    return f"{title}\n{chunk.content}" if title else chunk.content
+    return f"{title}\n{content}" if title else content
 
 
 #: C49 ``faq_config``: ``index_mode`` (are answers indexed) and ``question_index_mode`` (one index entry per

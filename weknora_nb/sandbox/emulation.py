@@ -57,6 +57,11 @@ class WeKnoraRelease:
     per_key_sessions: bool = True
     #: C88: ``POST /messages/search`` finds the caller's own (and legacy) sessions only; before main, tenant-wide
     owner_scoped_message_search: bool = False
+    #: C116: a knowledge-chat shows its query understanding and its retrieval as ``tool_call`` / ``tool_result``
+    #: events (chat_pipeline/progress.go, from v0.6.3)
+    progress_events: bool = True
+    #: C117: references rebuilt by the Redis stream manager keep their ``metadata`` (main's searchResultFromMap)
+    redis_keeps_metadata: bool = False
 
 
 #: the details v0.6.x share (C2, C16, C27, C33, C34, C55, C82-C84)
@@ -69,13 +74,13 @@ RELEASES: dict[str, WeKnoraRelease] = {
     "v0.6.2": WeKnoraRelease("v0.6.2", hybrid_search_methods=("GET",), model_score_metadata=False,
                              position_factor=True, sort_before_top_k=False, escape_chunk_listing=True,
                              key_service=False, inline_citations=False, references_first=False,
-                             reported_version="0.6.2", commit_id="fc98f00", **_BEFORE_V072),
+                             reported_version="0.6.2", commit_id="fc98f00", progress_events=False, **_BEFORE_V072),
     "v0.6.3": WeKnoraRelease("v0.6.3", position_factor=True, sort_before_top_k=False, escape_chunk_listing=True,
                              key_service=False, inline_citations=False, reported_version="0.6.2",
                              commit_id="974ca35", **_BEFORE_V072),
     "v0.7.2": WeKnoraRelease("v0.7.2", commit_id="3d5d8bf"),
     "main": WeKnoraRelease("main", match_count_nonpositive="default", commit_id="412dcc4",
-                           owner_scoped_message_search=True),
+                           owner_scoped_message_search=True, redis_keeps_metadata=True),
 }
 #: the latest release
 DEFAULT_RELEASE = "v0.7.2"

@@ -53,13 +53,16 @@ class SandboxIndex:
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir
         self.by_id = {c.id: i for i, c in enumerate(chunks)}
-        self._by_pos = {(c.knowledge_id, c.chunk_index): i for i, c in enumerate(chunks) if c.chunk_type == "text"}
+        self._links = _links(chunks)
         self._positions: dict[str, list[int]] = {kb: [] for kb in KB_TYPES}
         self._by_knowledge: dict[str, list[int]] = {}
         for i, c in enumerate(chunks):
-            self._positions["faq" if c.chunk_type == "faq" else "document"].append(i)
+            if c.indexed:
+                self._positions["faq" if c.chunk_type == "faq" else "document"].append(i)
             self._by_knowledge.setdefault(c.knowledge_id, []).append(i)
-        self._texts = {"index": [index_text(c) for c in chunks], "rerank": [clean_passage(c.content) for c in chunks]}
+        # what is embedded and what the reranker reads: nothing of a chunk that is not indexed (C110)
+        self._texts = {"index": [index_text(c) if c.indexed else "" for c in chunks],
+                       "rerank": [clean_passage(c.content) if c.indexed else "" for c in chunks]}
         self._bm25: dict[tuple[str, float, float], Any] = {}
         self._embedders: dict[str, Embedder] = {}
         self._vectors: dict[tuple[str, str], np.ndarray] = {}
@@ -80,13 +83,17 @@ class SandboxIndex:
         return None if not got else ("faq" if self.chunks[got[0]].chunk_type == "faq" else "document")
 
     def positions_of_knowledge(self, knowledge_id: str) -> list[int]:
-        """Positions of one knowledge's chunks, in chunk order (empty if unknown)."""
-        return list(self._by_knowledge.get(knowledge_id, []))
+        """Positions of one knowledge's chunks, in chunk order (empty if unknown), ``parent_text`` ones left out."""
+        return [i for i in self._by_knowledge.get(knowledge_id, []) if self.chunks[i].chunk_type != "parent_text"]
 
     def neighbour(self, idx: int, offset: int) -> int | None:
-        """The chunk ``offset`` positions away in the same document (text chunks only; FAQ entries have none)."""
-        c = self.chunks[idx]
-        return self._by_pos.get((c.knowledge_id, c.chunk_index + offset)) if c.chunk_type == "text" else None
+        """The chunk ``offset`` links away (``pre_chunk_id`` is -1, ``next_chunk_id`` +1; C55): the previous or next
+        text chunk of a flat document, or ``parent_text`` chunk of a parent-child one; None at an end, for FAQ
+        entries and for the children of a parent-child document, which are not linked (C110)."""
+        j: int | None = idx
+        for _ in range(abs(offset)):
+            j = self._links.get(j, (None, None))[0 if offset < 0 else 1] if j is not None else None
+        return j if offset else idx
 
     def texts(self, role: str) -> list[str]:
         """What is embedded for ``role``: per chunk, ``index`` (the index text, C76) or ``rerank`` (the cleaned
@@ -141,7 +148,7 @@ class SandboxIndex:
             bm25.update(dict.fromkeys(self._bm25_corpus(corpus)[1]))
         out = {"bm25": list(bm25)} if bm25 else {}
         if self._passage_tokens is not None:
-            out["simple"] = list(dict.fromkeys(self._texts["rerank"]))
+            out["simple"] = [t for t in dict.fromkeys(self._texts["rerank"]) if t]
         return out
 
     # -- components, built on first use and kept ---------------------------------------
@@ -154,18 +161,25 @@ class SandboxIndex:
             return self._embedders[name]
 
     def passage_vectors(self, model: str, role: str = "index") -> np.ndarray:
-        """Embeddings by ``model`` of :meth:`texts` for ``role`` (in their order)."""
+        """Embeddings by ``model`` of :meth:`texts` for ``role`` (in their order; zeros for the empty text of a chunk
+        that is not indexed, which is not embedded)."""
         key = (model, role)
         if key not in self._vectors:
             emb = self.embedder(model)
             texts = self.texts(role)
+            kept = [i for i, t in enumerate(texts) if t]
             done = [0]
 
             def tick(n: int) -> None:
                 done[0] += n
                 if self._progress:
-                    self._progress(model, done[0], len(texts))
-            self._vectors[key] = emb.passages(texts, progress=tick)
+                    self._progress(model, done[0], len(kept))
+            vectors = emb.passages([texts[i] for i in kept], progress=tick)
+            if len(kept) < len(texts) and len(kept):
+                full = np.zeros((len(texts), vectors.shape[1]), dtype=vectors.dtype)
+                full[kept] = vectors
+                vectors = full
+            self._vectors[key] = vectors
         return self._vectors[key]
 
     def bm25(self, k1: float, b: float, corpus: str = "keyword") -> tuple[Any, list[int]] | None:
@@ -232,16 +246,41 @@ class SandboxIndex:
             if self.chunks:
                 self.passage_tokens(0)  # MMR's token sets
 
-    def write_seed(self, folder: Path, queries: Sequence[str] = ()) -> list[Path]:
+    def write_seed(self, folder: Path, queries: Sequence[str] = (), also: Sequence[SandboxIndex] = (),
+                   vector_queries: Sequence[str] = ()) -> list[Path]:
         """Write, per embedding model used so far, exactly the texts it embedded, and the embeddings of
-        ``queries`` (the data folder's test sets); per tokenizer used so far, the tokens of exactly the texts it
-        tokenized: the seed shipped with data."""
+        ``queries`` (the data folder's test sets; the vector path's models also ``vector_queries``: the variants a
+        chat searches, C115); per tokenizer used so far, the tokens of exactly the texts it tokenized: the seed
+        shipped with data. ``also``: other indexes of the same data folder (another chunking, C110) whose texts go
+        into the same files."""
         texts: dict[str, dict[str, None]] = {}
-        for model, role in self._vectors:
-            texts.setdefault(model, {}).update(dict.fromkeys(self._texts[role]))
+        tokenized: dict[str, dict[str, None]] = {}
+        vector_models: set[str] = set()
+        for index in (self, *also):
+            for model, role in index._vectors:
+                texts.setdefault(model, {}).update(dict.fromkeys(t for t in index._texts[role] if t))
+                if role != "rerank":
+                    vector_models.add(model)
+            for name, got in index._tokenized().items():
+                tokenized.setdefault(name, {}).update(dict.fromkeys(got))
         out = [self.embedder(model).write_seed(list(t), folder) for model, t in sorted(texts.items())]
-        if queries:
-            out += [self.embedder(model).write_seed(list(dict.fromkeys(queries)), folder, queries=True)
-                    for model in sorted(texts)]
-        return out + [self._token_cache(name).write_seed(t, folder) for name, t in sorted(self._tokenized().items())]
+        for model in sorted(texts):
+            asked = list(dict.fromkeys([*queries, *(vector_queries if model in vector_models else ())]))
+            if asked:
+                out.append(self.embedder(model).write_seed(asked, folder, queries=True))
+        return out + [self._token_cache(name).write_seed(list(t), folder) for name, t in sorted(tokenized.items())]
 
+def _links(chunks: Sequence[Chunk]) -> dict[int, tuple[int | None, int | None]]:
+    """Each linked chunk's (previous, next) position (C55 ``pre_chunk_id`` / ``next_chunk_id``): the ``text`` chunks
+    of a flat document, or the ``parent_text`` chunks of a parent-child one, in ``chunk_index`` order; the children
+    of a parent-child document and FAQ entries are not linked (C110)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(chunks):
+        if c.linked and c.chunk_type in ("text", "parent_text"):
+            groups.setdefault((c.knowledge_id, c.chunk_type), []).append(i)
+    out: dict[int, tuple[int | None, int | None]] = {}
+    for members in groups.values():
+        members.sort(key=lambda i: chunks[i].chunk_index)
+        for k, i in enumerate(members):
+            out[i] = (members[k - 1] if k else None, members[k + 1] if k + 1 < len(members) else None)
+    return out

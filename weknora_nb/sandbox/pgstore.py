@@ -104,7 +104,10 @@ def database_name(version: VersionConfig, kb_ids: dict[str, str], vectors_digest
     key = json.dumps({"format": _BUILD_FORMAT, "model": version.embedding_model, "m": version.hnsw_m,
                       "ef_construction": version.hnsw_ef_construction, "ef_search": version.hnsw_ef_search,
                       "faq": version.faq_role if version.faq_enabled else None, "kbs": kb_ids,
-                      "faults": version.integrity_faults(), "vectors": vectors_digest}, sort_keys=True)
+                      "faults": version.integrity_faults(), "vectors": vectors_digest,
+                      # parents are rows of chunks only (C110): a parent-child build is its own database
+                      **({"parent_child": [version.chunking_parent_chunk_size, version.chunking_child_chunk_size]}
+                         if version.parent_child is not None else {})}, sort_keys=True)
     return "wk_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -210,14 +213,15 @@ class VectorStore:
                             "VALUES (%s, %s, %s, %s, %s)", (kb, f"sandbox {kind}", TENANT_ID, kind, model_id))
         knowledge: dict[str, tuple[str, str]] = {}
         with cur.copy("COPY chunks (id, tenant_id, knowledge_base_id, knowledge_id, content, chunk_index, "
-                      "is_enabled, start_at, end_at, chunk_type, deleted_at) FROM STDIN") as copy:
+                      "is_enabled, start_at, end_at, chunk_type, parent_chunk_id, deleted_at) FROM STDIN") as copy:
             for p, c in enumerate(self.index.chunks):
                 kb = self._kb_of(p)
                 if kb not in served:
                     continue
                 knowledge.setdefault(c.knowledge_id, (kb, c.knowledge_title))
                 copy.write_row((c.id, TENANT_ID, kb, c.knowledge_id, c.content, c.chunk_index, True, c.start_at,
-                                c.end_at, c.chunk_type, "2025-01-07T09:00:00Z" if c.id in deleted else None))
+                                c.end_at, c.chunk_type, c.parent_chunk_id or None,
+                                "2025-01-07T09:00:00Z" if c.id in deleted else None))
         for kid, (kb, title) in knowledge.items():
             cur.execute("INSERT INTO knowledges (id, tenant_id, knowledge_base_id, type, title, source, "
                         "parse_status, embedding_model_id) VALUES (%s, %s, %s, 'file', %s, 'upload', 'completed', "

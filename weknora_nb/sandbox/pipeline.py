@@ -6,8 +6,9 @@ repository, chat_pipeline = internal/application/service/chat_pipeline):
 1. CHUNK_SEARCH (C29, C32, C33): one hybrid search over the whole knowledge bases with
    ``match_count = embedding_top_k``, the effective vector/keyword thresholds and no context
    enrichment; documents named by ``knowledge_ids`` get their own restricted search (thresholds
-   0/0 from v0.7.2; a direct load of <= 50 chunks, score 1.0, match type 8, at v0.6.x). Nothing
-   found -> ``[]`` (C31).
+   0/0 from v0.7.2; a direct load of <= 50 chunks, score 1.0, match type 8, at v0.6.x); a chat
+   with query expansion on that found fewer than ``embedding_top_k`` searches the query's variants
+   too (C115). Nothing found -> ``[]`` (C31).
 2. CHUNK_RERANK, only when a rerank model runs (C35): the model scores every candidate's
    cleaned passage; keep scores ``>= rerank_threshold``; if none pass and the threshold is
    above 0.3, once more at ``max(0.7 t, 0.3)``; a call that keeps nothing keeps the model's
@@ -16,8 +17,9 @@ repository, chat_pipeline = internal/application/service/chat_pipeline):
    (times the +-5 % position factor at v0.6.x, C38), then MMR with ``k = min(n, max(1,
    rerank_top_k))``, lambda 0.7, redundancy = max Jaccard of the passages' simple tokens (C40).
    A failing reranker leaves the candidates as they were: no model score, no MMR (C37).
-3. CHUNK_MERGE (C41, C42): the reranked list (or, without one, the candidates by score),
-   deduplicated by id and normalised content; per document and chunk type, results of
+3. CHUNK_MERGE (C41, C42, C112): the reranked list (or, without one, the candidates by score),
+   deduplicated by id and normalised content; a child of a parent-child document shows its parent
+   (its own id into ``sub_chunk_ids``); per document and chunk type, results of
    consecutive ``chunk_index`` (or whose text contains the other's) become one, keeping the
    first chunk's id, the best score and the merged ids in ``sub_chunk_ids``; FAQ results take
    their answer as content; ``text`` results shorter than 350 characters are widened with
@@ -37,11 +39,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from weknora_nb.sandbox.chunking import Chunk, faq_answer_content
+from weknora_nb.sandbox.expansion import expand_queries
 from weknora_nb.sandbox.textutil import (
     Text,
     contains_chunk_content,
@@ -80,7 +83,8 @@ class Hit:
     ``base_score`` (the retrieval score) and ``model_score`` are set when a reranker scored the
     result (C39), else None; ``sub_chunk_ids`` lists merged or widened-in chunks (C41);
     ``content`` is the result's text when the pipeline rewrote it (merged, widened, an FAQ
-    answer), else None (the chunk's own content).
+    answer), else None (the chunk's own content); ``faq_original_score``: an FAQ result's score before an
+    agent's FAQ boost (C119), None when not boosted.
     """
 
     idx: int
@@ -90,6 +94,7 @@ class Hit:
     model_score: float | None = None
     sub_chunk_ids: list[str] = field(default_factory=list)
     content: str | None = None
+    faq_original_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,10 @@ class PipelineSettings:
     rrf_vector_weight: float
     rrf_keyword_weight: float
     rerank: bool
+    #: C115: a chat whose search found fewer than ``embedding_top_k`` results searches variants of the query too
+    query_expansion: bool = False
+    #: C119: an agent's FAQ priority multiplies reranked FAQ results' scores by this (capped at 1); 1: none
+    faq_score_boost: float = 1.0
 
     @classmethod
     def from_effective(cls, cfg: Mapping[str, Any], *, rerank: bool) -> PipelineSettings:
@@ -127,10 +136,11 @@ class PipelineSettings:
         return self.rrf_k, self.rrf_vector_weight, self.rrf_keyword_weight
 
 
-#: C66: knowledge-chat's settings (config.yaml ``conversation.*``; no rerank model without an agent)
+#: C66: knowledge-chat's settings (config.yaml ``conversation.*``; no rerank model without an agent; query expansion
+#: on, C115)
 CONVERSATION_SETTINGS = PipelineSettings(embedding_top_k=30, vector_threshold=0.2, keyword_threshold=0.3,
                                          rerank_top_k=30, rerank_threshold=0.3, rrf_k=60, rrf_vector_weight=0.7,
-                                         rrf_keyword_weight=0.3, rerank=False)
+                                         rrf_keyword_weight=0.3, rerank=False, query_expansion=True)
 
 
 class SearchEngine(Protocol):
@@ -160,10 +170,11 @@ class _Result:
     model_score: float | None = None
     sub_chunk_ids: list[str] = field(default_factory=list)
     rewritten: bool = False
+    faq_original_score: float | None = None
 
     def hit(self) -> Hit:
         return Hit(self.idx, self.score, self.match_type, self.base_score, self.model_score,
-                   list(self.sub_chunk_ids), self.text.s if self.rewritten else None)
+                   list(self.sub_chunk_ids), self.text.s if self.rewritten else None, self.faq_original_score)
 
 
 def _results(engine: SearchEngine, hits: Sequence[Hit]) -> list[_Result]:
@@ -214,7 +225,40 @@ def _chunk_search(engine: SearchEngine, query: str, settings: PipelineSettings,
             by_kb.setdefault(kb, []).append(kid)
     for kb, kids in by_kb.items():
         out += _knowledge_target(engine, query, settings, kb, kids)
+    if settings.query_expansion and len(out) < max(1, settings.embedding_top_k):
+        out += _expanded(engine, query, settings, whole, by_kb)
     return out, bool(by_kb)
+
+
+def expansion_variants(engine: SearchEngine, query: str, settings: PipelineSettings,
+                       kb_types: Sequence[str] = ("document",)) -> list[str]:
+    """The query variants a chat with ``settings`` over the knowledge bases ``kb_types`` searches too (C115): none
+    when query expansion is off or the search found enough (what the demo's seed embeds ahead of time)."""
+    if not settings.query_expansion:
+        return []
+    found, _ = _chunk_search(engine, query, replace(settings, query_expansion=False), None, tuple(kb_types))
+    return expand_queries(query) if len(found) < max(1, settings.embedding_top_k) else []
+
+
+def _expanded(engine: SearchEngine, query: str, settings: PipelineSettings, whole: tuple[str, ...],
+              by_kb: dict[str, list[str]]) -> list[_Result]:
+    """C115: one more search per query variant (:func:`~weknora_nb.sandbox.expansion.expand_queries`) and knowledge
+    base, ``max(2 embedding_top_k, 2 rerank_top_k)`` results each, the keyword threshold times 0.8 (ignored, C19),
+    named documents without thresholds from v0.7.2 (C33), appended in that order (query_expansion.go:14-124)."""
+    top_k = max(2 * settings.embedding_top_k, 2 * settings.rerank_top_k)
+    found: list[Hit] = []
+    for variant in expand_queries(query):
+        for kb in whole:
+            found += engine.primary_search(variant, match_count=top_k, vector_threshold=settings.vector_threshold,
+                                           keyword_threshold=0.8 * settings.keyword_threshold, kb_types=(kb,),
+                                           n_kbs=1, rrf=settings.rrf)
+        for kb, kids in by_kb.items():
+            keep = engine.release.direct_load_knowledge  # thresholds of named documents (C33)
+            found += engine.primary_search(variant, match_count=top_k,
+                                           vector_threshold=settings.vector_threshold if keep else 0.0,
+                                           keyword_threshold=0.8 * settings.keyword_threshold if keep else 0.0,
+                                           kb_types=(kb,), n_kbs=1, rrf=settings.rrf, knowledge_ids=kids)
+    return _results(engine, found)
 
 
 def _knowledge_target(engine: SearchEngine, query: str, settings: PipelineSettings, kb: str,
@@ -257,7 +301,8 @@ def _chunk_rerank(engine: SearchEngine, query: str, found: list[_Result], settin
         kept = _above_threshold(ranked, settings.rerank_threshold, floor)
         if not kept and settings.rerank_threshold > RERANK_RETRY_ABOVE:
             kept = _above_threshold(ranked, max(0.7 * settings.rerank_threshold, RERANK_RETRY_ABOVE), floor)
-    reranked = [_rescored(engine, candidates[i], s) for i, s in kept] + [_rescored(engine, r, 1.0) for r in direct]
+    reranked = [_boosted(_rescored(engine, candidates[i], s), settings.faq_score_boost) for i, s in kept]
+    reranked += [_rescored(engine, r, 1.0) for r in direct]
     final = _mmr(engine, reranked, min(len(reranked), max(1, settings.rerank_top_k)))
     return (final, found) if final else None
 
@@ -281,6 +326,14 @@ def _rescored(engine: SearchEngine, r: _Result, model: float) -> _Result:
     if engine.release.position_factor and r.chunk.start_at >= 0:
         value *= 1.0 + min(0.05, max(-0.05, 1.0 - r.chunk.start_at / (r.chunk.end_at + 1)))
     r.score = min(1.0, max(0.0, value))
+    return r
+
+
+def _boosted(r: _Result, boost: float) -> _Result:
+    """C119: an FAQ result reranked for an agent with FAQ priority: score ``min(score x boost, 1)``, the score before
+    kept (rerank.go:205-218 @ v0.7.2)."""
+    if boost > 1.0 and r.chunk.chunk_type == "faq":
+        r.faq_original_score, r.score = r.score, min(r.score * boost, 1.0)
     return r
 
 
@@ -309,7 +362,7 @@ def _chunk_merge(engine: SearchEngine, results: list[_Result]) -> list[_Result]:
     """CHUNK_MERGE (chat_pipeline/merge.go:44-97): dedupe, merge neighbours, FAQ answers, widen short
     results, merge again, dedupe, drop partial overlaps (C41, C42)."""
     sort_after = engine.release.sort_before_top_k  # v0.7.2+ sort after grouping (merge.go:206)
-    merged = _group_merge(_dedup(results), sort_after)
+    merged = _group_merge(_with_parents(engine, _dedup(results)), sort_after)
     for r in merged:
         if r.chunk.chunk_type == "faq":
             r.text, r.rewritten = Text.of(faq_answer_content(r.chunk)), True
@@ -333,6 +386,21 @@ def _dedup(results: list[_Result]) -> list[_Result]:
         seen.add(r.chunk.id)
         out.append(r)
     return out
+
+
+def _with_parents(engine: SearchEngine, results: list[_Result]) -> list[_Result]:
+    """``resolveParentChunks`` (chat_pipeline/merge.go:218-345 @ v0.7.2, C112): a ``text`` child whose parent is a
+    ``parent_text`` chunk shows the parent joined with itself (``JoinChunkContent``: the parent alone when it holds
+    the child) and lists its own id in ``sub_chunk_ids``; its id, score and chunk index stay the child's."""
+    index = engine.index
+    for r in results:
+        parent = index.by_id.get(r.chunk.parent_chunk_id) if r.chunk.parent_chunk_id else None
+        if r.chunk.chunk_type != "text" or parent is None or index.chunks[parent].chunk_type != "parent_text":
+            continue
+        r.text, r.rewritten = join_texts(Text.of(index.chunks[parent].content), r.text), True
+        if r.chunk.id not in r.sub_chunk_ids:
+            r.sub_chunk_ids.append(r.chunk.id)
+    return results
 
 
 def _sort_key(r: _Result) -> tuple[float, str, str, int, str]:

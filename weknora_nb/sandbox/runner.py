@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +34,10 @@ from weknora_nb.sandbox.engine import RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig
 from weknora_nb.sandbox.history import demo_plan
 from weknora_nb.sandbox.index import DEFAULT_KB_IDS, SandboxIndex
+from weknora_nb.sandbox.parentchild import ParentChild, parent_child_corpus
 from weknora_nb.sandbox.pgcluster import cluster
 from weknora_nb.sandbox.server import SandboxApp, check_loopback
-from weknora_nb.sandbox.versions import VersionConfig, load_versions
+from weknora_nb.sandbox.versions import STREAM_MANAGERS, VersionConfig, load_versions
 
 if TYPE_CHECKING:
     import uvicorn
@@ -66,26 +67,27 @@ def load_demo_versions(data_dir: str | Path | None = None) -> dict[str, VersionC
     return load_versions(Path(data_dir or demo_dir()) / "versions.yaml")
 
 
-_INDEXES: dict[tuple[str, str], SandboxIndex] = {}
+_INDEXES: dict[tuple[str, str, ParentChild | None], SandboxIndex] = {}
 _INDEX_LOCK = threading.Lock()
 
 
 def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
-                show_progress: bool = False) -> SandboxIndex:
+                show_progress: bool = False, parent_child: ParentChild | None = None) -> SandboxIndex:
     """Chunk ``<data_dir>/docs`` (and its FAQ entries, ``faq/faq.jsonl``, when there are some) and
-    return their index (one per folder and cache per process).
+    return their index (one per folder, cache and chunking per process). ``parent_child``: the documents are
+    chunked parent-child (C110, :mod:`.parentchild`), else flat.
 
     Raises :class:`SandboxError` when the folder has no ``docs`` folder.
     """
     d = Path(data_dir or demo_dir()).resolve()
     c = Path(cache_dir or default_cache_dir()).resolve()
-    key = (str(d), str(c))
+    key = (str(d), str(c), parent_child)
     with _INDEX_LOCK:
         if key not in _INDEXES:
             docs = d / "docs"
             if not docs.is_dir():
                 raise SandboxError(f"the sandbox has no documents folder at {docs}")
-            chunks = corpus_chunks(d)
+            chunks = corpus_chunks(d) if parent_child is None else parent_child_corpus(d, parent_child)
             log.info("sandbox: %d chunks from %s", len(chunks), docs)
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
@@ -158,6 +160,9 @@ class SandboxServer:
         "capabilities": [...] or None, "knowledge_base_ids": [...]}}``
         (:class:`~weknora_nb.sandbox.auth.ApiKey`); ``api_key`` is a full-access workspace key
         of tenant 1.
+    stream_manager : str, optional
+        ``memory`` (WeKnora Lite's) or ``redis`` (the default of WeKnora's ``.env.example``): how the chat's
+        references reach the client (C117); None: the version's ``server.stream_manager``.
 
     Raises :class:`UsageError` for a host that is not loopback, a port out of range, an
     unknown version or release, bad faults or a bad key; :meth:`start` raises
@@ -169,9 +174,11 @@ class SandboxServer:
                  cache_dir: str | Path | None = None, kb_id: str = DEFAULT_KB_ID, faq_kb_id: str = DEFAULT_FAQ_KB_ID,
                  faults: FaultConfig | dict | None = None, allow_fault_control: bool = False,
                  show_progress: bool = False, weknora_version: str | None = None,
-                 api_keys: dict[str, dict[str, Any]] | None = None):
+                 api_keys: dict[str, dict[str, Any]] | None = None, stream_manager: str | None = None):
         check_loopback(host)
         check_port(port)
+        if stream_manager is not None and stream_manager not in STREAM_MANAGERS:
+            raise UsageError(argument="stream_manager", allowed=list(STREAM_MANAGERS), got=stream_manager)
         self.release: WeKnoraRelease = release(weknora_version)
         self.api_keys = dict(api_keys or {})
         for spec in self.api_keys.values():
@@ -184,6 +191,8 @@ class SandboxServer:
         self.data_dir = data_dir
         self.cache_dir = cache_dir
         self.version = version if isinstance(version, VersionConfig) else self._defined_version(version)
+        if stream_manager is not None:
+            self.version = replace(self.version, stream_manager=stream_manager)
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.allow_fault_control = allow_fault_control
         self.show_progress = show_progress
@@ -214,7 +223,8 @@ class SandboxServer:
         self._socket = bind_socket(self.host, self.port)
         self.port = self._socket.getsockname()[1]
         try:
-            index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress)
+            index = build_index(self.data_dir, cache_dir=self.cache_dir, show_progress=self.show_progress,
+                                parent_child=self.version.parent_child)
             index.warm(self.version)
             engine = RetrievalEngine(index, self.version, release=self.release,
                                      kb_ids={"document": self.kb_id, "faq": self.faq_kb_id})
@@ -311,4 +321,5 @@ class SandboxServer:
         return {"system": "weknora-nb sandbox", "version": self.version.name, "weknora_version": self.release.name,
                 **self.version.to_nested(),
                 "chunking": {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)",
-                             "max_chars": 420}, "faults": asdict(self.faults)}
+                             "max_chars": 420, **self.version.to_nested()["chunking"]},
+                "faults": asdict(self.faults)}

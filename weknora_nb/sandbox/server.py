@@ -50,6 +50,7 @@ from starlette.routing import Route as StarletteRoute
 
 from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox import auth
+from weknora_nb.sandbox.agent import chat_settings
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
 from weknora_nb.sandbox.catalog import Catalog
 from weknora_nb.sandbox.chat import Conversations, Session
@@ -61,7 +62,7 @@ from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddlewar
 from weknora_nb.sandbox.history import HistoryPlan, materialise
 from weknora_nb.sandbox.judge import RuleJudge
 from weknora_nb.sandbox.memory import AnswerMemory
-from weknora_nb.sandbox.pipeline import CONVERSATION_SETTINGS, Hit
+from weknora_nb.sandbox.pipeline import Hit
 from weknora_nb.sandbox.session_routes import HistoryRoutes
 from weknora_nb.sandbox.wire import (
     BAD_REQUEST,
@@ -172,19 +173,21 @@ class SandboxApp:
     API keys accepted: ``api_key`` is a full-access workspace key of tenant 1, ``api_keys``
     adds keys as ``{secret: {"kind", "tenant_id", "capabilities", "knowledge_base_ids"}}``, see
     :class:`~weknora_nb.sandbox.auth.ApiKey`); ``history``: gives the generated conversation history
-    (:func:`~weknora_nb.sandbox.history.demo_plan`), called when a route first reads sessions (None: none).
+    (:func:`~weknora_nb.sandbox.history.demo_plan`), called when a route first reads sessions (None: none);
+    ``stream_manager``: ``memory`` or ``redis`` (C117; None: the version's ``server.stream_manager``).
     """
 
     def __init__(self, engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                  faults: FaultConfig | None = None, allow_fault_control: bool = False,
                  release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
-                 history: Callable[[], HistoryPlan] | None = None):
+                 history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None):
         self.engine = engine
         self.release = release or named_release(None)
         self.kb_id = kb_id
         self.catalog = Catalog(engine, kb_id=kb_id, faq_kb_id=faq_kb_id, release=self.release)
         made = (lambda: self._history_sessions(history)) if history is not None else None
-        self.conversations = Conversations(release=self.release, search=self._chat_references, history=made)
+        self.conversations = Conversations(release=self.release, search=self._chat_references, history=made,
+                                           stream_manager=stream_manager or engine.version.stream_manager)
         self.history = HistoryRoutes(self.conversations, self.release)
         self.faults = FaultInjector(faults or FaultConfig())
         self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
@@ -458,13 +461,16 @@ class SandboxApp:
         return ok(self.engine.tenant_config_raw())
 
     # -- chat's retrieval ----------------------------------------------------------------
-    def _chat_references(self, query: str, kb_ids: list[str], knowledge_ids: list[str]) -> list[dict[str, Any]]:
-        """knowledge-chat's references: the pipeline with config.yaml's ``conversation.*`` settings, never
-        the tenant retrieval config (C66); unknown KBs find nothing."""
+    def _chat_references(self, query: str, kb_ids: list[str], knowledge_ids: list[str],
+                         agent_id: str = "") -> list[dict[str, Any]]:
+        """knowledge-chat's references: the pipeline with config.yaml's ``conversation.*`` settings, or the agent's
+        that ``agent_id`` names over them (C113, the agent reranking with the version's rerank model), never the
+        tenant retrieval config (C66); query expansion when it finds too little (C115); unknown KBs find nothing."""
         known, kids, _ = self._search_targets(kb_ids, knowledge_ids)
         if not known and not kids:
             return []
-        hits = self.engine.knowledge_search(query, settings=CONVERSATION_SETTINGS, knowledge_ids=kids or None,
+        settings, _ = chat_settings(agent_id, rerank_model=self.engine.version.rerank_enabled)
+        hits = self.engine.knowledge_search(query, settings=settings, knowledge_ids=kids or None,
                                             kb_types=self.catalog.kb_types(known))
         return [self.catalog.result_json(h) for h in hits]
 
@@ -500,11 +506,11 @@ class SandboxApp:
 def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                faults: FaultConfig | None = None, allow_fault_control: bool = False,
                release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
-               history: Callable[[], HistoryPlan] | None = None) -> Starlette:
+               history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None) -> Starlette:
     """The ASGI application serving ``engine`` as knowledge base ``kb_id`` in ``release`` (see :class:`SandboxApp`).
 
     Its ``.state.faults`` is the :class:`FaultInjector` in force, ``.state.sandbox`` the :class:`SandboxApp`.
     """
     return SandboxApp(engine, api_key=api_key, kb_id=kb_id, faq_kb_id=faq_kb_id, faults=faults,
                       allow_fault_control=allow_fault_control, release=release, api_keys=api_keys,
-                      history=history).app
+                      history=history, stream_manager=stream_manager).app

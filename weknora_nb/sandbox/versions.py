@@ -16,11 +16,14 @@ from typing import Any
 
 from weknora_nb.core.errors import ConfigError, Problem
 from weknora_nb.sandbox.chunking import FAQ_INDEX_MODES, FAQ_QUESTION_INDEX_MODES
+from weknora_nb.sandbox.parentchild import CHILD_CHUNK_SIZE, PARENT_CHUNK_SIZE, ParentChild
 
 #: C57: the keys of a tenant's retrieval config, and the ones returned only when non-zero
 TENANT_KEYS = ("embedding_top_k", "vector_threshold", "keyword_threshold", "rerank_top_k", "rerank_threshold",
                "rerank_model_id", "rrf_k", "rrf_vector_weight", "rrf_keyword_weight")
 TENANT_OMITEMPTY = ("rrf_k", "rrf_vector_weight", "rrf_keyword_weight")
+#: C117: WeKnora's stream managers (``STREAM_MANAGER_TYPE``): Lite's ``memory``, or ``redis``
+STREAM_MANAGERS = ("memory", "redis")
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class VersionConfig:
     integrity_without_vectors: tuple[str, ...] = ()
     integrity_duplicated_vectors: tuple[tuple[str, str], ...] = ()
     integrity_deleted_chunks: tuple[str, ...] = ()
+    chunking_parent_child: bool = False
+    chunking_parent_chunk_size: int = PARENT_CHUNK_SIZE
+    chunking_child_chunk_size: int = CHILD_CHUNK_SIZE
+    stream_manager: str = "memory"
 
     _SECTIONS = {
         "vector": {"enabled": "vector_enabled", "model": "embedding_model"},
@@ -77,6 +84,9 @@ class VersionConfig:
         "integrity": {"without_vectors": "integrity_without_vectors",
                       "duplicated_vectors": "integrity_duplicated_vectors",
                       "deleted_chunks": "integrity_deleted_chunks"},
+        "chunking": {"enable_parent_child": "chunking_parent_child", "parent_chunk_size": "chunking_parent_chunk_size",
+                     "child_chunk_size": "chunking_child_chunk_size"},
+        "server": {"stream_manager": "stream_manager"},
     }
 
     def __post_init__(self) -> None:
@@ -125,7 +135,7 @@ class VersionConfig:
                     kwargs[cls._SECTIONS[section][key]] = v
         kwargs["tenant_saved"] = bool(data.get("tenant"))
         problems += cls._rerank_id_problems(name, kwargs, where) + cls._faq_mode_problems(name, kwargs, where)
-        problems += cls._integrity_problems(name, kwargs, where)
+        problems += cls._integrity_problems(name, kwargs, where) + cls._chunking_problems(name, kwargs, where)
         if problems:
             raise ConfigError(where, problems)
         return cls(**kwargs)
@@ -168,6 +178,37 @@ class VersionConfig:
                 out.append(Problem(where, None, f"versions.{name}.integrity.{key}",
                                    f"version {name!r}: integrity.{key} must be {what}"))
         return out
+
+    @classmethod
+    def _chunking_problems(cls, name: str, kwargs: Mapping[str, Any], where: str) -> list[Problem]:
+        """``chunking``: a boolean ``enable_parent_child`` and positive integer sizes, the child smaller than the
+        parent (C110); ``server.stream_manager`` one of WeKnora's (C117)."""
+        out = []
+        if not isinstance(kwargs.get("chunking_parent_child", False), bool):
+            out.append(Problem(where, None, f"versions.{name}.chunking.enable_parent_child",
+                               f"version {name!r}: chunking.enable_parent_child must be true or false"))
+        sizes = {key: kwargs.get(f"chunking_{key}", getattr(cls, f"chunking_{key}"))
+                 for key in ("parent_chunk_size", "child_chunk_size")}
+        for key, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                out.append(Problem(where, None, f"versions.{name}.chunking.{key}",
+                                   f"version {name!r}: chunking.{key} must be a positive integer, got {value!r}"))
+        if not out and sizes["child_chunk_size"] >= sizes["parent_chunk_size"]:
+            out.append(Problem(where, None, f"versions.{name}.chunking.child_chunk_size",
+                               f"version {name!r}: chunking.child_chunk_size must be smaller than parent_chunk_size"))
+        manager = kwargs.get("stream_manager", "memory")
+        if manager not in STREAM_MANAGERS:
+            out.append(Problem(where, None, f"versions.{name}.server.stream_manager",
+                               f"version {name!r}: server.stream_manager {manager!r} is not one of "
+                               f"{', '.join(STREAM_MANAGERS)}"))
+        return out
+
+    @property
+    def parent_child(self) -> ParentChild | None:
+        """The knowledge base's parent-child chunking (C110), None when it is chunked flat."""
+        if not self.chunking_parent_child:
+            return None
+        return ParentChild(self.chunking_parent_chunk_size, self.chunking_child_chunk_size)
 
     @property
     def faq_role(self) -> str:
