@@ -48,7 +48,11 @@ class SandboxIndex:
     """
 
     def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None, seed_dir: Path | None = None,
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None,
+                 index_texts: Mapping[str, str] | None = None):
+        """``index_texts``: the indexed text of some chunks by id, in place of :func:`index_text`'s (a chunk listing
+        taken from a WeKnora carries what WeKnora indexed, its search results' ``matched_content``: C76's context
+        header is in no API field)."""
         self.chunks = chunks
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir
@@ -59,7 +63,9 @@ class SandboxIndex:
         for i, c in enumerate(chunks):
             self._positions["faq" if c.chunk_type == "faq" else "document"].append(i)
             self._by_knowledge.setdefault(c.knowledge_id, []).append(i)
-        self._texts = {"index": [index_text(c) for c in chunks], "rerank": [clean_passage(c.content) for c in chunks]}
+        given = index_texts or {}
+        self._texts = {"index": [given.get(c.id) or index_text(c) for c in chunks],
+                       "rerank": [clean_passage(c.content) for c in chunks]}
         self._bm25: dict[tuple[str, float, float], Any] = {}
         self._embedders: dict[str, Embedder] = {}
         self._vectors: dict[tuple[str, str], np.ndarray] = {}

@@ -34,8 +34,10 @@ from weknora_nb.sandbox.engine import RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig
 from weknora_nb.sandbox.history import demo_plan
 from weknora_nb.sandbox.index import DEFAULT_KB_IDS, SandboxIndex
+from weknora_nb.sandbox.listing import listing_path, load_listing
+from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pgcluster import cluster
-from weknora_nb.sandbox.server import SandboxApp, check_loopback
+from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, SandboxApp, check_loopback
 from weknora_nb.sandbox.versions import VersionConfig, load_versions
 
 if TYPE_CHECKING:
@@ -73,23 +75,28 @@ _INDEX_LOCK = threading.Lock()
 def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
                 show_progress: bool = False) -> SandboxIndex:
     """Chunk ``<data_dir>/docs`` (and its FAQ entries, ``faq/faq.jsonl``, when there are some) and
-    return their index (one per folder and cache per process).
+    return their index (one per folder and cache per process); or, when the folder's ``versions.yaml`` names a
+    chunk listing (``chunks:``, :mod:`.listing`), index the chunks listed.
 
-    Raises :class:`SandboxError` when the folder has no ``docs`` folder.
+    Raises :class:`SandboxError` when the folder has neither a ``docs`` folder nor a chunk listing.
     """
     d = Path(data_dir or demo_dir()).resolve()
     c = Path(cache_dir or default_cache_dir()).resolve()
     key = (str(d), str(c))
     with _INDEX_LOCK:
         if key not in _INDEXES:
-            docs = d / "docs"
-            if not docs.is_dir():
+            docs, listed = d / "docs", listing_path(d)
+            texts: dict[str, str] = {}
+            if listed is not None:
+                chunks, texts = load_listing(listed)
+            elif docs.is_dir():
+                chunks = corpus_chunks(d)
+            else:
                 raise SandboxError(f"the sandbox has no documents folder at {docs}")
-            chunks = corpus_chunks(d)
-            log.info("sandbox: %d chunks from %s", len(chunks), docs)
+            log.info("sandbox: %d chunks from %s", len(chunks), listed or docs)
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
-                                         progress=_progress_bars() if show_progress else None)
+                                         progress=_progress_bars() if show_progress else None, index_texts=texts)
         return _INDEXES[key]
 
 
@@ -158,6 +165,9 @@ class SandboxServer:
         "capabilities": [...] or None, "knowledge_base_ids": [...]}}``
         (:class:`~weknora_nb.sandbox.auth.ApiKey`); ``api_key`` is a full-access workspace key
         of tenant 1.
+    other_model_kbs : dict, optional
+        Empty document knowledge bases to serve too, indexed with another embedding model: ``{kb id: model
+        name}``, so that a multi-KB search can mix embedding models (docs/weknora-contract.md C122).
 
     Raises :class:`UsageError` for a host that is not loopback, a port out of range, an
     unknown version or release, bad faults or a bad key; :meth:`start` raises
@@ -169,7 +179,7 @@ class SandboxServer:
                  cache_dir: str | Path | None = None, kb_id: str = DEFAULT_KB_ID, faq_kb_id: str = DEFAULT_FAQ_KB_ID,
                  faults: FaultConfig | dict | None = None, allow_fault_control: bool = False,
                  show_progress: bool = False, weknora_version: str | None = None,
-                 api_keys: dict[str, dict[str, Any]] | None = None):
+                 api_keys: dict[str, dict[str, Any]] | None = None, other_model_kbs: dict[str, str] | None = None):
         check_loopback(host)
         check_port(port)
         self.release: WeKnoraRelease = release(weknora_version)
@@ -187,6 +197,7 @@ class SandboxServer:
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.allow_fault_control = allow_fault_control
         self.show_progress = show_progress
+        self.other_model_kbs = dict(other_model_kbs or {})
         self.sandbox: SandboxApp | None = None
         self.app: Starlette | None = None
         self._server: uvicorn.Server | None = None
@@ -224,7 +235,8 @@ class SandboxServer:
             self.sandbox = SandboxApp(engine, api_key=self.api_key, kb_id=self.kb_id, faq_kb_id=self.faq_kb_id,
                                       faults=self.faults, allow_fault_control=self.allow_fault_control,
                                       release=self.release, api_keys=self.api_keys,
-                                      history=lambda: demo_plan(data, kb_id, faq_kb_id))
+                                      history=lambda: demo_plan(data, kb_id, faq_kb_id),
+                                      other_model_kbs=self.other_model_kbs)
             self.app = self.sandbox.app
             config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=1, lifespan="off")
@@ -266,6 +278,15 @@ class SandboxServer:
         self.faults = FaultConfig.from_dict(settings)
         if self.sandbox is not None:
             self.sandbox.faults.set(self.faults)
+
+    def set_index_status(self, **statuses: str) -> None:
+        """Set chunks' ``index_status`` (``ready``, ``processing``, ``failed``; C123), in-process (over HTTP: ``PUT
+        /_sandbox/index-status``): ``set_index_status(**{"doc:003": "processing"})``."""
+        if self.sandbox is None:
+            raise SandboxError("the sandbox server is not started")
+        for chunk_id, status in statuses.items():
+            self.sandbox.engine.set_index_status(chunk_id, status)
+        self.sandbox.answers = AnswerMemory(SEARCH_CACHE_SIZE)
 
     def stop(self) -> None:
         """Stop serving (waits up to 10 s for the server thread) and release the port."""
