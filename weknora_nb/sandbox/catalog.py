@@ -128,8 +128,8 @@ class Catalog:
             "id": kb.id, "name": kb.name, "type": kb.type, "is_temporary": False, "description": "",
             "tenant_id": TENANT_ID, "creator_id": "", "embedding_model_id": self.embedding_model(kb_id),
             "summary_model_id": "",
-            "chunking_config": {"chunk_size": MAX_CHARS, "chunk_overlap": 0, "separators": ["\n\n", "\n", "。"],
-                                "strategy": "heading"},
+            "chunking_config": self.index.chunking or {"chunk_size": MAX_CHARS, "chunk_overlap": 0,
+                                                       "separators": ["\n\n", "\n", "。"], "strategy": "heading"},
             "indexing_strategy": {"vector_enabled": v.vector_enabled, "keyword_enabled": v.keyword_enabled and not faq,
                                   "wiki_enabled": False, "graph_enabled": False},
             "faq_config": {"index_mode": v.faq_index_mode, "question_index_mode": v.faq_question_index_mode}

@@ -49,10 +49,12 @@ class SandboxIndex:
 
     def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None, seed_dir: Path | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
-                 index_texts: Mapping[str, str] | None = None):
+                 index_texts: Mapping[str, str] | None = None, chunking: Mapping[str, Any] | None = None):
         """``index_texts``: the indexed text of some chunks by id, in place of :func:`index_text`'s (a chunk listing
         taken from a WeKnora carries what WeKnora indexed, its search results' ``matched_content``: C76's context
-        header is in no API field)."""
+        header is in no API field); ``chunking``: the ``chunking_config`` the document knowledge base reports
+        (None: the sandbox's own chunking)."""
+        self.chunking = dict(chunking) if chunking else None
         self.chunks = chunks
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir

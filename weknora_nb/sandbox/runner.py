@@ -87,8 +87,10 @@ def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | N
         if key not in _INDEXES:
             docs, listed = d / "docs", listing_path(d)
             texts: dict[str, str] = {}
+            chunking = None
             if listed is not None:
                 chunks, texts = load_listing(listed)
+                chunking = {"chunk_size": 0, "chunk_overlap": 0, "separators": [], "strategy": f"listing {listed.name}"}
             elif docs.is_dir():
                 chunks = corpus_chunks(d)
             else:
@@ -96,7 +98,8 @@ def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | N
             log.info("sandbox: %d chunks from %s", len(chunks), listed or docs)
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
-                                         progress=_progress_bars() if show_progress else None, index_texts=texts)
+                                         progress=_progress_bars() if show_progress else None, index_texts=texts,
+                                         chunking=chunking)
         return _INDEXES[key]
 
 
@@ -331,5 +334,11 @@ class SandboxServer:
         """The system description of the served version (for a run's manifest)."""
         return {"system": "weknora-nb sandbox", "version": self.version.name, "weknora_version": self.release.name,
                 **self.version.to_nested(),
-                "chunking": {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)",
-                             "max_chars": 420}, "faults": asdict(self.faults)}
+                "chunking": self._chunking(), "faults": asdict(self.faults)}
+
+    def _chunking(self) -> dict[str, Any]:
+        """How the served chunks were made: the sandbox's chunking, or the chunk listing it serves."""
+        listed = self.sandbox.engine.index.chunking if self.sandbox is not None else None
+        if listed:
+            return dict(listed)
+        return {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)", "max_chars": 420}
