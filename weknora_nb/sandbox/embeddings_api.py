@@ -6,6 +6,9 @@ Request ``{"model", "input": str | [str], "encoding_format": "float"}`` with a s
 token; the model must be the served version's (``use-multilingual-v3`` by default). The answer is
 ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}``, the
 vectors in input order, each what the engine searches with for that text (the query side of the model).
+
+With the fault ``embedding_error_rate`` it answers 429 (:data:`RATE_LIMITED_BODY`, a provider's rate limit),
+what WeKnora's search then does is docs/weknora-contract.md C121.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ from weknora_nb.sandbox.judge import estimate_tokens
 if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
     from weknora_nb.sandbox.engine import RetrievalEngine
+    from weknora_nb.sandbox.faults import FaultInjector
 
 
 #: inputs per request (OpenAI's limit is 2048)
 MAX_INPUTS = 2048
+#: the 429 body of a rate-limited embedding call (OpenAI's shape; the sandbox's fault ``embedding_error_rate``)
+RATE_LIMITED_BODY = json_bytes({"error": {"message": "Rate limit reached (injected failure (sandbox fault))",
+                                          "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}})
+#: how WeKnora's embedding client reports it (embedding/openai.go:226-233 @ v0.7.2; recording 80, C121)
+EMBEDDING_FAILURE = f"EmbedBatch API error: Http Status 429 Too Many Requests, Response: {RATE_LIMITED_BODY.decode()}"
 
 
 def _error(status: int, message: str, code: str | None = None) -> Response:
@@ -36,9 +45,10 @@ def _error(status: int, message: str, code: str | None = None) -> Response:
 class EmbeddingsEndpoint:
     """The endpoint over one engine's embedding model; keys are the sandbox's."""
 
-    def __init__(self, keys: KeyRing, engine: RetrievalEngine):
+    def __init__(self, keys: KeyRing, engine: RetrievalEngine, faults: FaultInjector | None = None):
         self.keys = keys
         self.engine = engine
+        self.faults = faults
 
     @property
     def model(self) -> str:
@@ -63,6 +73,9 @@ class EmbeddingsEndpoint:
                           f"{self.model!r}", "model_not_found")
         if body.get("encoding_format", "float") != "float":
             return _error(400, "encoding_format must be 'float' (the sandbox does not send base64)")
+        if self.faults is not None and self.faults.roll(self.faults.cfg.embedding_error_rate,
+                                                        request.scope.get("state", {}).get("fault_rng")):
+            return Response(RATE_LIMITED_BODY, status_code=429, media_type="application/json")
         embedder = self.engine.index.embedder(self.model)
         data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in embedder.query(text)]}
                 for i, text in enumerate(inputs)]

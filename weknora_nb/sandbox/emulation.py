@@ -45,6 +45,9 @@ class WeKnoraRelease:
     bearer_rejection_message: bool = True
     #: C34: a knowledge base search that fails with nothing found is a 500 (v0.6.x: only logged, ``data: []``)
     search_failure_is_error: bool = True
+    #: C121: when the query's embedding fails, knowledge-search and chat keep the keyword path of the knowledge
+    #: bases that have one (v0.6.x: the search fails)
+    embedding_failure_falls_back: bool = True
     #: C33, C36: knowledge-search's ``knowledge_ids`` of other knowledge bases are loaded directly (<= 50 chunks,
     #: score 1.0, match type 8; rerank floor 0.15) instead of searched without thresholds (rerank floor 0)
     direct_load_knowledge: bool = False
@@ -64,11 +67,11 @@ class WeKnoraRelease:
     redis_keeps_metadata: bool = False
 
 
-#: the details v0.6.x share (C2, C16, C27, C33, C34, C55, C82-C84)
+#: the details v0.6.x share (C2, C16, C27, C33, C34, C55, C82-C84, C121)
 _BEFORE_V072: dict[str, Any] = {
     "query_text_required": False, "scoped_tag_search": False, "chunk_revision_fields": False,
     "bearer_rejection_message": False, "search_failure_is_error": False, "direct_load_knowledge": True,
-    "per_key_sessions": False}
+    "per_key_sessions": False, "embedding_failure_falls_back": False}
 
 RELEASES: dict[str, WeKnoraRelease] = {
     "v0.6.2": WeKnoraRelease("v0.6.2", hybrid_search_methods=("GET",), model_score_metadata=False,

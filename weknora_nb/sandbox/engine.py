@@ -57,6 +57,8 @@ PATH_MEMORY = 1024
 CANDIDATES_FACTOR, CANDIDATES_FLOOR, CANDIDATES_CAP = 5, 50, 500
 #: C17 (main): what ``match_count <= 0`` becomes (``DefaultRetrievalTopK``)
 DEFAULT_MATCH_COUNT = int(RETRIEVAL_DEFAULTS["embedding_top_k"])
+#: C123: the ``index_status`` values of a chunk; search drops the last two (v0.7.2+)
+INDEX_STATUSES = ("ready", "processing", "failed")
 #: C45: FAQ search's defaults and caps (handler 200, service 50)
 FAQ_MATCH_COUNT, FAQ_MATCH_CAP_HANDLER, FAQ_MATCH_CAP, FAQ_VECTOR_THRESHOLD = 10, 200, 50, 0.7
 #: C23: match types the engine sets
@@ -96,6 +98,8 @@ class RetrievalEngine:
         self.unindexed = frozenset(index.by_id[c] for c in faults["without_vectors"] if c in index.by_id)
         self._searches: AnswerMemory[list[Hit]] = AnswerMemory(SEARCH_MEMORY)
         self._paths: AnswerMemory[tuple[tuple[int, float], ...]] = AnswerMemory(PATH_MEMORY)
+        #: C123: chunks whose ``index_status`` is not ``ready`` (by position), set by :meth:`set_index_status`
+        self.index_status: dict[int, str] = {}
 
     @property
     def vectors(self) -> Any:
@@ -103,9 +107,38 @@ class RetrievalEngine:
         return self.index.vector_store(self.version, self.kb_ids)
 
     def _live(self, hits: list[Hit]) -> list[Hit]:
-        """Results without soft-deleted chunks: WeKnora drops them when it loads the chunks, after cutting to
-        ``match_count`` (processSearchResults, knowledgebase_search.go:251-255 @ v0.7.2; C92)."""
-        return [h for h in hits if h.idx not in self.deleted] if self.deleted else hits
+        """Results without soft-deleted chunks, nor (from v0.7.2) chunks whose ``index_status`` is processing or
+        failed: WeKnora drops them when it loads the chunks, after cutting to ``match_count`` (processSearchResults,
+        knowledgebase_search.go:251-255, isSearchableChunk, knowledgebase_search_results.go:337-346 @ v0.7.2;
+        C92, C123)."""
+        hidden = self.hidden
+        return [h for h in hits if h.idx not in hidden] if hidden else hits
+
+    @property
+    def hidden(self) -> frozenset[int]:
+        """The chunks search never returns although their vectors are found: soft-deleted ones (C92) and, on releases
+        with ``index_status`` (v0.7.2+), those processing or failed (C123)."""
+        if not self.index_status or not self.release.chunk_revision_fields:
+            return self.deleted
+        return self.deleted | frozenset(self.index_status)
+
+    def chunk_index_status(self, idx: int) -> str:
+        """Chunk ``idx``'s ``index_status`` (C123): ``ready`` unless :meth:`set_index_status` said otherwise."""
+        return self.index_status.get(idx, "ready")
+
+    def set_index_status(self, chunk_id: str, status: str) -> None:
+        """Set one chunk's ``index_status`` (C123; what an edit of the chunk in WeKnora's UI sets until its index is
+        synchronised): ``ready``, ``processing`` or ``failed``. The knowledge-searches kept are forgotten.
+
+        Raises :class:`KeyError` for an unknown chunk, :class:`ValueError` for another status."""
+        if status not in INDEX_STATUSES:
+            raise ValueError(f"index_status must be one of {', '.join(INDEX_STATUSES)}, got {status!r}")
+        idx = self.index.by_id[chunk_id]
+        if status == "ready":
+            self.index_status.pop(idx, None)
+        else:
+            self.index_status[idx] = status
+        self._searches = AnswerMemory(SEARCH_MEMORY)
 
     # -- the tenant's retrieval config (C29, C30, C57) -------------------------------------
     @property
@@ -159,12 +192,13 @@ class RetrievalEngine:
 
     def primary_search(self, query: str, *, match_count: int, vector_threshold: float, keyword_threshold: float,
                        kb_types: Sequence[str], n_kbs: int, rrf: tuple[int, float, float],
-                       knowledge_ids: Sequence[str] | None = None) -> list[Hit]:
-        """The hybrid search knowledge-search runs (CHUNK_SEARCH, C32): primary hits only, RRF ``rrf``."""
+                       knowledge_ids: Sequence[str] | None = None, disable_vector: bool = False) -> list[Hit]:
+        """The hybrid search knowledge-search runs (CHUNK_SEARCH, C32): primary hits only, RRF ``rrf``;
+        ``disable_vector``: the keyword path alone (the query's embedding failed, C121)."""
         del keyword_threshold  # C19
         kbs = tuple(kb_types)
         fused = self._fused(query, candidates_per_path(match_count, max(n_kbs, len(kbs))), vector_threshold,
-                            False, False, knowledge_ids, kbs, rrf)
+                            disable_vector, False, knowledge_ids, kbs, rrf)
         return self._live((fused or [])[:match_count])
 
     def faq_search(self, query: str, *, match_count: int = 0, vector_threshold: float = 0.0) -> list[Hit]:
@@ -180,20 +214,25 @@ class RetrievalEngine:
         return [h for h in hits or [] if self.index.chunks[h.idx].chunk_type == "faq"]
 
     def knowledge_search(self, query: str, *, settings: PipelineSettings, knowledge_ids: Sequence[str] | None = None,
-                         rerank_fails: bool = False, kb_types: Sequence[str] | None = None) -> list[Hit]:
+                         rerank_fails: bool = False, kb_types: Sequence[str] | None = None,
+                         vector_fails: bool = False) -> list[Hit]:
         """WeKnora's knowledge-search with ``settings`` (see :mod:`.pipeline`); ``[]`` when nothing is found.
 
         The engine is deterministic and what it serves does not change while it serves, so the same search
         (query, settings, knowledge ids, knowledge base types, reranker failing or not) is run once and its hits
         kept (the :data:`SEARCH_MEMORY` most recently used): chat runs its search again for every message, a
         collection's repeats ask the same. Each call gets hits of its own (copies).
+
+        ``vector_fails``: the query's embedding failed, so every search runs its keyword path alone (v0.7.2+,
+        search.go:411-440; the caller leaves out the knowledge bases that have none, C121).
         """
         key = (query, settings, None if knowledge_ids is None else tuple(knowledge_ids), rerank_fails,
-               None if kb_types is None else tuple(kb_types))
+               None if kb_types is None else tuple(kb_types), vector_fails)
         hits = self._searches.get(key)
         if hits is None:
-            hits = pipeline.knowledge_search(self, query, settings=settings, knowledge_ids=knowledge_ids,
-                                             rerank_fails=rerank_fails, kb_types=kb_types)
+            hits = pipeline.knowledge_search(_KeywordOnly(self) if vector_fails else self, query, settings=settings,
+                                             knowledge_ids=knowledge_ids, rerank_fails=rerank_fails,
+                                             kb_types=kb_types)
             self._searches.keep(key, hits)
         return [replace(h, sub_chunk_ids=list(h.sub_chunk_ids)) for h in hits]
 
@@ -323,13 +362,29 @@ class RetrievalEngine:
         """Append the previous and next chunks of text hits (match_type 2, score 0) after the hits (C24)."""
         seen = {h.idx for h in hits}
         extra: list[Hit] = []
+        hidden = self.hidden
         for h in hits:
             for off in (-1, 1):
                 j = self.index.neighbour(h.idx, off)
-                if j is not None and j not in seen and j not in self.deleted:
+                if j is not None and j not in seen and j not in hidden:
                     seen.add(j)
                     extra.append(Hit(j, 0.0, MATCH_NEARBY))
         return hits + extra
+
+
+class _KeywordOnly:
+    """An engine whose searches run their keyword path alone: what knowledge-search searches with when the query's
+    embedding failed (``disableVector``, chat_pipeline/search.go:414-440 @ v0.7.2; C121). Everything else is the
+    engine's."""
+
+    def __init__(self, engine: RetrievalEngine):
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def primary_search(self, query: str, **kwargs: Any) -> list[Hit]:
+        return self._engine.primary_search(query, **{**kwargs, "disable_vector": True})
 
 
 def _fuse(vec: list[Hit], kw: list[Hit], rrf: tuple[int, float, float]) -> list[Hit]:

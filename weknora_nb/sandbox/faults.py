@@ -2,10 +2,18 @@
 
 Off by default and only on ``/api/v1/`` paths (and the judge's ``/v1/``). Per request, in this
 order: added latency (fixed plus uniform jitter, or lognormal), then a hang, then at most one of a 500, a 429 with
-``Retry-After`` and a malformed 200 body. SSE streams may be cut: the stream ends right after its
-``references`` event (or, when it has none, just before ``complete``), so the client never sees
-``complete``. ``rerank_error_rate`` is rolled by knowledge-search itself (the reranker fails for
-that request, docs/weknora-contract.md C37). Rates are probabilities per request.
+``Retry-After`` and a malformed 200 body. SSE streams (rolled when a 200 stream starts, in this order) may
+carry an agent tool's failure, an ``error`` event with ``done: false`` after ``agent_query`` that does not
+end the answer; may end in a terminal ``error`` with ``done: true`` right after ``references`` (or before the
+first answer piece), after which the server sends nothing and keeps the stream open for ``hang_s``, as WeKnora
+does (docs/weknora-contract.md C125); or may be cut: the stream ends right after its ``references`` event (or,
+when it has none, just before ``complete``), so the client never sees ``complete``.
+
+Rolled by the routes themselves: ``rerank_error_rate`` (knowledge-search's reranker fails for that request,
+C37); ``embedding_error_rate`` (the query's embedding fails: the embedding model answers 429, and WeKnora's
+search degrades or fails as C121 says; ``POST /v1/embeddings`` answers that 429 too);
+``unstable_tie_order_rate`` (a chunk listing orders chunks of equal ``chunk_index`` at random, as Postgres
+may, so that pages disagree, C124). Rates are probabilities per request.
 
 With a ``seed``, each request's draws come from a stream of its own, seeded by the seed, the request
 (method, path, query string, body) and how many times that same request came before: the same
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import random
 from collections.abc import Mapping
@@ -27,13 +36,15 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from weknora_nb.core.errors import UsageError
-from weknora_nb.sandbox.wire import TOO_MANY_REQUESTS, app_error, internal_error
+from weknora_nb.sandbox.wire import TOO_MANY_REQUESTS, app_error, go_json, internal_error
 
 #: the body of an injected malformed response: a 200 whose JSON stops mid-string
 MALFORMED_BODY = b'{"success": true, "data": [{"id": "'
 
 _REFERENCES = b'"response_type":"references"'
 _COMPLETE = b'"response_type":"complete"'
+_ANSWER = b'"response_type":"answer"'
+_AGENT_QUERY = b'"response_type":"agent_query"'
 
 
 @dataclass
@@ -51,11 +62,16 @@ class FaultConfig:
     malformed_rate: float = 0.0
     stream_cut_rate: float = 0.0
     rerank_error_rate: float = 0.0  # knowledge-search: the reranker fails, results fall back (C37)
+    embedding_error_rate: float = 0.0  # the query embedding answers 429: search degrades or fails (C121)
+    unstable_tie_order_rate: float = 0.0  # a chunk listing shuffles chunks of equal chunk_index (C124)
+    sse_tool_error_rate: float = 0.0  # chat: an agent tool's error event, done false, the answer goes on (C125)
+    sse_terminal_error_rate: float = 0.0  # chat: an error event, done true, then the stream stays open (C125)
     seed: int | None = None
 
     #: the settings that are probabilities (each must lie in [0, 1])
     RATES: ClassVar[tuple[str, ...]] = ("error_rate", "rate_limit_rate", "hang_rate", "malformed_rate",
-                                        "stream_cut_rate", "rerank_error_rate")
+                                        "stream_cut_rate", "rerank_error_rate", "embedding_error_rate",
+                                        "unstable_tie_order_rate", "sse_tool_error_rate", "sse_terminal_error_rate")
     #: the largest value of each setting that is no probability (a day of latency, a lognormal sigma of 4:
     #: its 99.99th percentile is 2.7 million times the median)
     LIMITS: ClassVar[dict[str, float]] = {"latency_ms": 86_400_000.0, "latency_jitter_ms": 86_400_000.0,
@@ -156,30 +172,90 @@ class FaultInjector:
             return Response(MALFORMED_BODY, media_type="application/json")
         return None
 
-    def cutting_streams(self, send: Send, rng: random.Random | None = None) -> Send:
-        """``send`` that may cut an event stream: it ends right after the ``references`` event, or
-        just before ``complete`` when no references came.
+    def streaming_faults(self, send: Send, rng: random.Random | None = None) -> Send:
+        """``send`` with the SSE faults of one response: an agent tool's ``error`` (``done: false``) after
+        ``agent_query``; a terminal ``error`` (``done: true``) right after ``references`` (or before the
+        first ``answer``), then nothing for ``hang_s`` while the stream stays open, then its end; a cut right
+        after ``references`` (or just before ``complete`` when no references came).
 
-        One roll (rate ``stream_cut_rate``) per 200 ``text/event-stream`` response, when it
-        starts; each event is one body message, and the rest of a cut stream is dropped.
+        Rolled once per 200 ``text/event-stream`` response, when it starts, in that order (a rate of 0 draws
+        nothing); each event is one body message; what follows a terminal error or a cut is dropped.
         """
-        cut = done = False
+        faults = {"tool": False, "terminal": False, "cut": False}
+        done = False
+        stream_id = ""
 
-        async def send_or_cut(message: Message) -> None:
-            nonlocal cut, done
+        async def send_faulty(message: Message) -> None:
+            nonlocal done, stream_id
             if done:
                 return
             if message["type"] == "http.response.start":
-                cut = (message["status"] == 200 and _is_event_stream(message)
-                       and self.roll(self.cfg.stream_cut_rate, rng))
-            elif cut and message["type"] == "http.response.body":
-                body = message.get("body", b"")
-                if _COMPLETE in body:
-                    message, done = {"type": "http.response.body", "body": b"", "more_body": False}, True
-                elif _REFERENCES in body:
-                    message, done = {**message, "more_body": False}, True
+                if message["status"] == 200 and _is_event_stream(message):
+                    for name, rate in (("tool", self.cfg.sse_tool_error_rate),
+                                       ("terminal", self.cfg.sse_terminal_error_rate),
+                                       ("cut", self.cfg.stream_cut_rate)):
+                        faults[name] = self.roll(rate, rng)
+                await send(message)
+                return
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            stream_id = stream_id or _event_id(body)
+            if faults["tool"] and _AGENT_QUERY in body:
+                faults["tool"] = False
+                await send(message)
+                await send(_event(tool_error_event(stream_id)))
+                return
+            if faults["terminal"] and (_REFERENCES in body or _ANSWER in body or _COMPLETE in body):
+                if _REFERENCES in body:
+                    await send(message)
+                await send(_event(terminal_error_event(stream_id)))
+                await asyncio.sleep(self.cfg.hang_s)  # a client that leaves cancels it (Starlette's disconnect watch)
+                message, done = {"type": "http.response.body", "body": b"", "more_body": False}, True
+            elif faults["cut"] and _COMPLETE in body:
+                message, done = {"type": "http.response.body", "body": b"", "more_body": False}, True
+            elif faults["cut"] and _REFERENCES in body:
+                message, done = {**message, "more_body": False}, True
             await send(message)
-        return send_or_cut
+        return send_faulty
+
+
+#: the message of the injected failures (WeKnora's own texts around it, recordings 110 and the agent's tool results)
+INJECTED = "injected failure (sandbox fault)"
+
+
+def tool_error_event(stream_id: str) -> dict[str, Any]:
+    """An agent tool's failure as WeKnora streams it: ``response_type`` error, ``done`` false, the tool result's
+    fields in ``data`` (agent_stream_handler.go:231-266 @ v0.7.2); the agent goes on (C125)."""
+    error = f"knowledge_search failed: {INJECTED}"
+    return {"id": stream_id, "response_type": "error", "content": error, "done": False,
+            "data": {"tool_name": "knowledge_search", "success": False, "error": error, "duration_ms": 0,
+                     "tool_call_id": f"{stream_id}-tool"}}
+
+
+def terminal_error_event(stream_id: str) -> dict[str, Any]:
+    """The pipeline's failure as WeKnora streams it: ``done`` true, ``data.error`` and ``data.stage``
+    (qa.go:981-999 @ v0.7.2; recording 110, the chat model answering 500); nothing follows (C125)."""
+    error = f"create chat completion stream: error, status code: 500, status: 500 Internal Server Error, " \
+            f"message: {INJECTED}"
+    return {"id": stream_id, "response_type": "error", "content": error, "done": True,
+            "data": {"error": error, "stage": "chat_completion_stream"}}
+
+
+def _event(payload: dict[str, Any]) -> Message:
+    """One SSE event as a body message of a stream that goes on (C62's framing)."""
+    return {"type": "http.response.body", "body": b"event:message\ndata:" + go_json(payload) + b"\n\n",
+            "more_body": True}
+
+
+def _event_id(body: bytes) -> str:
+    """The ``id`` of the SSE event in ``body`` (every event of a stream carries the request's), or ""."""
+    start = body.find(b"data:")
+    if start < 0:
+        return ""
+    try:
+        value = json.loads(body[start + 5:].split(b"\n", 1)[0])
+    except ValueError:
+        return ""
+    return str(value.get("id", "")) if isinstance(value, dict) else ""
 
 
 def _is_event_stream(start: Message) -> bool:
@@ -211,8 +287,9 @@ class FaultMiddleware:
             if fault is not None:
                 await fault(scope, receive, send)
                 return
-            if self.faults.cfg.stream_cut_rate > 0:
-                send = self.faults.cutting_streams(send, rng)
+            c = self.faults.cfg
+            if c.stream_cut_rate > 0 or c.sse_tool_error_rate > 0 or c.sse_terminal_error_rate > 0:
+                send = self.faults.streaming_faults(send, rng)
         await self.app(scope, receive, send)
 
 

@@ -48,7 +48,13 @@ class SandboxIndex:
     """
 
     def __init__(self, chunks: list[Chunk], *, cache_dir: Path | None = None, seed_dir: Path | None = None,
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None,
+                 index_texts: Mapping[str, str] | None = None, chunking: Mapping[str, Any] | None = None):
+        """``index_texts``: the indexed text of some chunks by id, in place of :func:`index_text`'s (a chunk listing
+        taken from a WeKnora carries what WeKnora indexed, its search results' ``matched_content``: C76's context
+        header is in no API field); ``chunking``: the ``chunking_config`` the document knowledge base reports
+        (None: the sandbox's own chunking)."""
+        self.chunking = dict(chunking) if chunking else None
         self.chunks = chunks
         self.cache_dir = cache_dir
         self.seed_dir = seed_dir
@@ -60,8 +66,10 @@ class SandboxIndex:
             if c.indexed:
                 self._positions["faq" if c.chunk_type == "faq" else "document"].append(i)
             self._by_knowledge.setdefault(c.knowledge_id, []).append(i)
-        # what is embedded and what the reranker reads: nothing of a chunk that is not indexed (C110)
-        self._texts = {"index": [index_text(c) if c.indexed else "" for c in chunks],
+        # what is embedded and what the reranker reads: nothing of a chunk that is not indexed (C110); a listed
+        # chunk's indexed text as WeKnora gave it
+        given = index_texts or {}
+        self._texts = {"index": [(given.get(c.id) or index_text(c)) if c.indexed else "" for c in chunks],
                        "rerank": [clean_passage(c.content) if c.indexed else "" for c in chunks]}
         self._bm25: dict[tuple[str, float, float], Any] = {}
         self._embedders: dict[str, Embedder] = {}

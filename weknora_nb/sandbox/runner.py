@@ -34,9 +34,11 @@ from weknora_nb.sandbox.engine import RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig
 from weknora_nb.sandbox.history import demo_plan
 from weknora_nb.sandbox.index import DEFAULT_KB_IDS, SandboxIndex
+from weknora_nb.sandbox.listing import listing_path, load_listing
+from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.parentchild import ParentChild, parent_child_corpus
 from weknora_nb.sandbox.pgcluster import cluster
-from weknora_nb.sandbox.server import SandboxApp, check_loopback
+from weknora_nb.sandbox.server import SEARCH_CACHE_SIZE, SandboxApp, check_loopback
 from weknora_nb.sandbox.versions import STREAM_MANAGERS, VersionConfig, load_versions
 
 if TYPE_CHECKING:
@@ -74,24 +76,32 @@ _INDEX_LOCK = threading.Lock()
 def build_index(data_dir: str | Path | None = None, *, cache_dir: str | Path | None = None,
                 show_progress: bool = False, parent_child: ParentChild | None = None) -> SandboxIndex:
     """Chunk ``<data_dir>/docs`` (and its FAQ entries, ``faq/faq.jsonl``, when there are some) and
-    return their index (one per folder, cache and chunking per process). ``parent_child``: the documents are
-    chunked parent-child (C110, :mod:`.parentchild`), else flat.
+    return their index (one per folder, cache and chunking per process); or, when the folder's ``versions.yaml``
+    names a chunk listing (``chunks:``, :mod:`.listing`), index the chunks listed. ``parent_child``: the documents
+    are chunked parent-child (C110, :mod:`.parentchild`), else flat.
 
-    Raises :class:`SandboxError` when the folder has no ``docs`` folder.
+    Raises :class:`SandboxError` when the folder has neither a ``docs`` folder nor a chunk listing.
     """
     d = Path(data_dir or demo_dir()).resolve()
     c = Path(cache_dir or default_cache_dir()).resolve()
     key = (str(d), str(c), parent_child)
     with _INDEX_LOCK:
         if key not in _INDEXES:
-            docs = d / "docs"
-            if not docs.is_dir():
+            docs, listed = d / "docs", listing_path(d)
+            texts: dict[str, str] = {}
+            chunking = None
+            if listed is not None:
+                chunks, texts = load_listing(listed)
+                chunking = {"chunk_size": 0, "chunk_overlap": 0, "separators": [], "strategy": f"listing {listed.name}"}
+            elif docs.is_dir():
+                chunks = corpus_chunks(d) if parent_child is None else parent_child_corpus(d, parent_child)
+            else:
                 raise SandboxError(f"the sandbox has no documents folder at {docs}")
-            chunks = corpus_chunks(d) if parent_child is None else parent_child_corpus(d, parent_child)
-            log.info("sandbox: %d chunks from %s", len(chunks), docs)
+            log.info("sandbox: %d chunks from %s", len(chunks), listed or docs)
             seed = d / "cache"
             _INDEXES[key] = SandboxIndex(chunks, cache_dir=c, seed_dir=seed if seed.is_dir() else None,
-                                         progress=_progress_bars() if show_progress else None)
+                                         progress=_progress_bars() if show_progress else None, index_texts=texts,
+                                         chunking=chunking)
         return _INDEXES[key]
 
 
@@ -163,6 +173,9 @@ class SandboxServer:
     stream_manager : str, optional
         ``memory`` (WeKnora Lite's) or ``redis`` (the default of WeKnora's ``.env.example``): how the chat's
         references reach the client (C117); None: the version's ``server.stream_manager``.
+    other_model_kbs : dict, optional
+        Empty document knowledge bases to serve too, indexed with another embedding model: ``{kb id: model
+        name}``, so that a multi-KB search can mix embedding models (docs/weknora-contract.md C122).
 
     Raises :class:`UsageError` for a host that is not loopback, a port out of range, an
     unknown version or release, bad faults or a bad key; :meth:`start` raises
@@ -174,7 +187,8 @@ class SandboxServer:
                  cache_dir: str | Path | None = None, kb_id: str = DEFAULT_KB_ID, faq_kb_id: str = DEFAULT_FAQ_KB_ID,
                  faults: FaultConfig | dict | None = None, allow_fault_control: bool = False,
                  show_progress: bool = False, weknora_version: str | None = None,
-                 api_keys: dict[str, dict[str, Any]] | None = None, stream_manager: str | None = None):
+                 api_keys: dict[str, dict[str, Any]] | None = None, stream_manager: str | None = None,
+                 other_model_kbs: dict[str, str] | None = None):
         check_loopback(host)
         check_port(port)
         if stream_manager is not None and stream_manager not in STREAM_MANAGERS:
@@ -196,6 +210,7 @@ class SandboxServer:
         self.faults = faults if isinstance(faults, FaultConfig) else FaultConfig.from_dict(faults)
         self.allow_fault_control = allow_fault_control
         self.show_progress = show_progress
+        self.other_model_kbs = dict(other_model_kbs or {})
         self.sandbox: SandboxApp | None = None
         self.app: Starlette | None = None
         self._server: uvicorn.Server | None = None
@@ -234,7 +249,8 @@ class SandboxServer:
             self.sandbox = SandboxApp(engine, api_key=self.api_key, kb_id=self.kb_id, faq_kb_id=self.faq_kb_id,
                                       faults=self.faults, allow_fault_control=self.allow_fault_control,
                                       release=self.release, api_keys=self.api_keys,
-                                      history=lambda: demo_plan(data, kb_id, faq_kb_id))
+                                      history=lambda: demo_plan(data, kb_id, faq_kb_id),
+                                      other_model_kbs=self.other_model_kbs)
             self.app = self.sandbox.app
             config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                     access_log=False, timeout_graceful_shutdown=1, lifespan="off")
@@ -276,6 +292,15 @@ class SandboxServer:
         self.faults = FaultConfig.from_dict(settings)
         if self.sandbox is not None:
             self.sandbox.faults.set(self.faults)
+
+    def set_index_status(self, **statuses: str) -> None:
+        """Set chunks' ``index_status`` (``ready``, ``processing``, ``failed``; C123), in-process (over HTTP: ``PUT
+        /_sandbox/index-status``): ``set_index_status(**{"doc:003": "processing"})``."""
+        if self.sandbox is None:
+            raise SandboxError("the sandbox server is not started")
+        for chunk_id, status in statuses.items():
+            self.sandbox.engine.set_index_status(chunk_id, status)
+        self.sandbox.answers = AnswerMemory(SEARCH_CACHE_SIZE)
 
     def stop(self) -> None:
         """Stop serving (waits up to 10 s for the server thread) and release the port."""
@@ -320,6 +345,13 @@ class SandboxServer:
         """The system description of the served version (for a run's manifest)."""
         return {"system": "weknora-nb sandbox", "version": self.version.name, "weknora_version": self.release.name,
                 **self.version.to_nested(),
-                "chunking": {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)",
-                             "max_chars": 420, **self.version.to_nested()["chunking"]},
-                "faults": asdict(self.faults)}
+                "chunking": self._chunking(), "faults": asdict(self.faults)}
+
+    def _chunking(self) -> dict[str, Any]:
+        """How the served chunks were made: the sandbox's chunking (the version's parent-child settings), or the
+        chunk listing it serves."""
+        listed = self.sandbox.engine.index.chunking if self.sandbox is not None else None
+        if listed:
+            return dict(listed)
+        return {"strategy": "structure-aware markdown (headings; tables, lists, code kept whole)", "max_chars": 420,
+                **self.version.to_nested()["chunking"]}

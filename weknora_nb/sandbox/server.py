@@ -15,9 +15,11 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
 - ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
   (:mod:`.judge`; not a WeKnora route)
 - ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
-  WeKnora route), for the vector-store trace of ``weknora-nb check``
-- ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults`` and ``GET /_sandbox/stats`` only when fault
-  control is allowed (tests, benchmarks).
+  WeKnora route), for the vector-store trace of ``weknora-nb check`` and for a WeKnora's embedding model
+- ``POST /v1/rerank``: the sandbox's rerank model in the format WeKnora's remote reranker calls
+  (:mod:`.rerank_api`; not a WeKnora route, C126)
+- ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults``, ``GET /_sandbox/stats`` and ``PUT
+  /_sandbox/index-status`` only when fault control is allowed (tests, benchmarks).
 
 Any other path or method: gin's plain-text ``404 page not found`` (C14), after auth. Layout:
 :class:`SandboxApp` holds the state and one method per endpoint; around its router, outermost
@@ -50,6 +52,7 @@ from starlette.routing import Route as StarletteRoute
 
 from weknora_nb.core.errors import UsageError
 from weknora_nb.sandbox import auth
+from weknora_nb.sandbox import embedding_groups as groups
 from weknora_nb.sandbox.agent import chat_settings
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
 from weknora_nb.sandbox.catalog import Catalog
@@ -63,6 +66,7 @@ from weknora_nb.sandbox.history import HistoryPlan, materialise
 from weknora_nb.sandbox.judge import RuleJudge
 from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import Hit
+from weknora_nb.sandbox.rerank_api import RerankEndpoint
 from weknora_nb.sandbox.session_routes import HistoryRoutes
 from weknora_nb.sandbox.wire import (
     BAD_REQUEST,
@@ -74,6 +78,7 @@ from weknora_nb.sandbox.wire import (
     bind_pagination,
     bind_request,
     go_json,
+    internal_error,
     ok,
     panic_body,
     route_not_found,
@@ -175,16 +180,20 @@ class SandboxApp:
     :class:`~weknora_nb.sandbox.auth.ApiKey`); ``history``: gives the generated conversation history
     (:func:`~weknora_nb.sandbox.history.demo_plan`), called when a route first reads sessions (None: none);
     ``stream_manager``: ``memory`` or ``redis`` (C117; None: the version's ``server.stream_manager``).
+    ``other_model_kbs``: empty document knowledge bases to serve too, ``{kb id: embedding model name}`` (C122).
     """
 
     def __init__(self, engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                  faults: FaultConfig | None = None, allow_fault_control: bool = False,
                  release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
-                 history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None):
+                 history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None,
+                 other_model_kbs: Mapping[str, str] | None = None):
         self.engine = engine
         self.release = release or named_release(None)
         self.kb_id = kb_id
         self.catalog = Catalog(engine, kb_id=kb_id, faq_kb_id=faq_kb_id, release=self.release)
+        for other, model in (other_model_kbs or {}).items():
+            self.catalog.add_empty_kb(other, model)
         made = (lambda: self._history_sessions(history)) if history is not None else None
         self.conversations = Conversations(release=self.release, search=self._chat_references, history=made,
                                            stream_manager=stream_manager or engine.version.stream_manager)
@@ -193,7 +202,8 @@ class SandboxApp:
         self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
         self.judge = RuleJudge(self.keys)
-        self.embeddings = EmbeddingsEndpoint(self.keys, engine)
+        self.embeddings = EmbeddingsEndpoint(self.keys, engine, self.faults)
+        self.reranker = RerankEndpoint(self.keys, engine, self.faults)
         self.started = time.time()
         self.router = Router(self.routes(allow_fault_control))
         methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -210,7 +220,8 @@ class SandboxApp:
         routes = [Route("GET", "/health", self.health),
                   Route("POST", "/v1/chat/completions", self.judge.chat_completions),  # the rule-based judge
                   Route("GET", "/v1/models", self.judge.models),
-                  Route("POST", "/v1/embeddings", self.embeddings.embeddings)]  # the version's embedding model
+                  Route("POST", "/v1/embeddings", self.embeddings.embeddings),  # the version's embedding model
+                  Route("POST", "/v1/rerank", self.reranker.rerank)]  # the sandbox's rerank model (C126)
         routes += [Route(m, kb + "/:id/hybrid-search", self.hybrid_search, auth.RETRIEVE)
                    for m in self.release.hybrid_search_methods]
         routes += [
@@ -235,7 +246,8 @@ class SandboxApp:
         if allow_fault_control:
             routes += [Route("GET", "/_sandbox/faults", self.faults_endpoint),
                        Route("PUT", "/_sandbox/faults", self.faults_endpoint),
-                       Route("GET", "/_sandbox/stats", self.stats_endpoint)]
+                       Route("GET", "/_sandbox/stats", self.stats_endpoint),
+                       Route("PUT", "/_sandbox/index-status", self.index_status_endpoint)]
         return routes
 
     async def _dispatch(self, request: Request) -> Response:
@@ -304,13 +316,28 @@ class SandboxApp:
         if self.release.query_text_required and not body["query_text"].strip() and not vector_only:
             return app_error(BAD_REQUEST, "query_text is required")
         kb_ids = [k for k in body["knowledge_base_ids"] or [kb_id] if k in self.catalog.kbs]
+        refused = groups.mixed_models(self.catalog, kb_ids)  # C122, before the primary KB is picked
+        if refused is not None:
+            return refused
         if kb_id not in kb_ids:  # the KBs searched must include the path's (pickPrimary, knowledgebase_search.go:144)
             return app_error(NOT_FOUND, "knowledge base not found")
+        embeds = not body["disable_vector_match"] and (self.catalog.kbs[kb_id].type == "faq"
+                                                        or self.engine.version.vector_enabled)
+        if embeds and self._embedding_fails(request):  # C121: the query embedding is computed first, and fails
+            return groups.embedding_failed()
         return await self._remembered(request, lambda: self._hybrid(kb_ids, body))
+
+    def _embedding_fails(self, request: Request | None) -> bool:
+        """Whether the query's embedding fails for this request (the fault ``embedding_error_rate``, C121), drawn
+        from the request's stream (``None``: the shared stream)."""
+        rng = request.scope.get("state", {}).get("fault_rng") if request is not None else None
+        return self.faults.roll(self.faults.cfg.embedding_error_rate, rng)
 
     def _hybrid(self, kb_ids: list[str], body: dict[str, Any]) -> Response:
         """The engine's hybrid search over ``kb_ids`` for a bound body: results, ``null``, or the panic of a
-        negative ``match_count`` (C17, C13: Go's slice-bounds message)."""
+        negative ``match_count`` (C17, C13: Go's slice-bounds message). Empty knowledge bases find nothing."""
+        if not self.catalog.kb_types(kb_ids):
+            return ok(None)
         try:
             hits = self.engine.hybrid_search(
                 body["query_text"], match_count=body["match_count"], vector_threshold=body["vector_threshold"],
@@ -336,8 +363,12 @@ class SandboxApp:
         refused = auth.refuse_targets(principal_of(request.scope), kb_ids, body["knowledge_ids"])
         if refused is not None:
             return refused
-        if self.faults.roll(self.faults.cfg.rerank_error_rate, request.scope.get("state", {}).get("fault_rng")):
-            return self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"], rerank_fails=True)
+        rerank_fails = self.faults.roll(self.faults.cfg.rerank_error_rate,
+                                        request.scope.get("state", {}).get("fault_rng"))
+        vector_fails = self._embedding_fails(request)
+        if rerank_fails or vector_fails:
+            return self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"], rerank_fails=rerank_fails,
+                                          vector_fails=vector_fails)
         return await self._remembered(
             request, lambda: self._knowledge_search(body["query"], kb_ids, body["knowledge_ids"]))
 
@@ -350,15 +381,22 @@ class SandboxApp:
         return known, kids, unknown
 
     def _knowledge_search(self, query: str, kb_ids: list[str], knowledge_ids: list[str], *,
-                          rerank_fails: bool = False) -> Response:
-        """Run knowledge-search with the tenant's settings (C29). An unknown KB fails its search: with
-        nothing found that is a 500 from v0.7.2, and only logged before (C34)."""
+                          rerank_fails: bool = False, vector_fails: bool = False) -> Response:
+        """Run knowledge-search with the tenant's settings (C29). An unknown KB fails its search, and so does,
+        when the query's embedding fails, a KB with no keyword path (C121): with nothing found that is a 500 from
+        v0.7.2, and only logged before (C34)."""
         known, kids, unknown = self._search_targets(kb_ids, knowledge_ids)
+        failed: list[str] = []
+        if vector_fails:
+            known, kids, failed = groups.keyword_fallback(self.catalog, known, kids,
+                                                          self.release.embedding_failure_falls_back)
         hits = []
-        if known or kids:
+        if self.catalog.kb_types(known) or kids:
             hits = self.engine.knowledge_search(query, settings=self.engine.tenant_settings(),
                                                 knowledge_ids=kids or None, rerank_fails=rerank_fails,
-                                                kb_types=self.catalog.kb_types(known))
+                                                kb_types=self.catalog.kb_types(known), vector_fails=vector_fails)
+        if failed and not hits and self.release.search_failure_is_error:
+            return groups.no_fallback_error(failed[0])
         if unknown and not hits:
             log.info("sandbox knowledge-search: knowledge base %s not found", unknown[0])
             if self.release.search_failure_is_error:
@@ -377,8 +415,10 @@ class SandboxApp:
             return body
         if self.catalog.kbs[kb_id].type != "faq":
             return app_error(BAD_REQUEST, "仅 FAQ 知识库支持该操作")
+        if self._embedding_fails(request):  # C121: a plain 500 (recording 82)
+            return internal_error()
         count = min(50, 10 if body["match_count"] <= 0 else body["match_count"])
-        threshold = body["vector_threshold"] if body["vector_threshold"] > 0 else 0.7
+        threshold = body["vector_threshold"] if body["vector_threshold"] > 0 else 0.7  # C45, C120
         return await self._remembered(request, lambda: ok(self.catalog.faq_entries(
             self.engine.faq_search(body["query_text"], match_count=count, vector_threshold=threshold))))
 
@@ -428,7 +468,9 @@ class SandboxApp:
             return app_error(BAD_REQUEST, str(exc))
         page, size = max(page, 1), min(size if size >= 1 else 10, 100)
         types = request.query_params.getlist("chunk_type") or ["text"]
-        idxs = [i for i in self.catalog.chunks_of[kid] if self.catalog.chunk_type(i) in types]
+        rng = request.scope.get("state", {}).get("fault_rng") or self.faults.rng
+        shuffled = self.faults.roll(self.faults.cfg.unstable_tie_order_rate, rng)  # C124
+        idxs = self.catalog.listing(kid, types, rng if shuffled else None)
         rows = [self.catalog.chunk_json(i) for i in idxs[(page - 1) * size: page * size]]
         return ok(rows, total=len(idxs), page=page, page_size=size)
 
@@ -467,11 +509,15 @@ class SandboxApp:
         that ``agent_id`` names over them (C113, the agent reranking with the version's rerank model), never the
         tenant retrieval config (C66); query expansion when it finds too little (C115); unknown KBs find nothing."""
         known, kids, _ = self._search_targets(kb_ids, knowledge_ids)
-        if not known and not kids:
+        vector_fails = self._embedding_fails(None)
+        if vector_fails:  # C121: keyword hits only (a search with no keyword path finds nothing here)
+            known, kids, _ = groups.keyword_fallback(self.catalog, known, kids,
+                                                     self.release.embedding_failure_falls_back)
+        if not self.catalog.kb_types(known) and not kids:
             return []
         settings, _ = chat_settings(agent_id, rerank_model=self.engine.version.rerank_enabled)
         hits = self.engine.knowledge_search(query, settings=settings, knowledge_ids=kids or None,
-                                            kb_types=self.catalog.kb_types(known))
+                                            kb_types=self.catalog.kb_types(known), vector_fails=vector_fails)
         return [self.catalog.result_json(h) for h in hits]
 
     # -- the generated history -----------------------------------------------------------
@@ -497,6 +543,23 @@ class SandboxApp:
                 return app_error(BAD_REQUEST, str(exc))
         return ok(asdict(self.faults.cfg))
 
+    async def index_status_endpoint(self, request: Request) -> Response:
+        """``PUT /_sandbox/index-status``: ``{chunk id: "ready" | "processing" | "failed"}`` sets chunks'
+        ``index_status`` (C123); answers the chunks not ready. 400 naming an unknown chunk or status."""
+        try:
+            wanted = json.loads(await request.body() or b"{}")
+            if not isinstance(wanted, dict):
+                raise ValueError("the body must be a JSON object of chunk id to index_status")
+            for chunk_id, status in wanted.items():
+                if chunk_id not in self.engine.index.by_id:
+                    raise ValueError(f"unknown chunk {chunk_id!r}")
+                self.engine.set_index_status(chunk_id, status)
+        except ValueError as exc:
+            return app_error(BAD_REQUEST, str(exc))
+        self.answers = AnswerMemory(SEARCH_CACHE_SIZE)  # the remembered answers may hold those chunks
+        chunks = self.engine.index.chunks
+        return ok({chunks[i].id: status for i, status in sorted(self.engine.index_status.items())})
+
     async def stats_endpoint(self, request: Request) -> Response:
         """``GET /_sandbox/stats``: sessions created and deleted, title LLM calls, chat requests (a client
         can show it cost nothing)."""
@@ -506,11 +569,12 @@ class SandboxApp:
 def create_app(engine: RetrievalEngine, *, api_key: str, kb_id: str = "kb-demo", faq_kb_id: str = "kb-faq",
                faults: FaultConfig | None = None, allow_fault_control: bool = False,
                release: WeKnoraRelease | None = None, api_keys: Mapping[str, Mapping[str, Any]] | None = None,
-               history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None) -> Starlette:
+               history: Callable[[], HistoryPlan] | None = None, stream_manager: str | None = None,
+               other_model_kbs: Mapping[str, str] | None = None) -> Starlette:
     """The ASGI application serving ``engine`` as knowledge base ``kb_id`` in ``release`` (see :class:`SandboxApp`).
 
     Its ``.state.faults`` is the :class:`FaultInjector` in force, ``.state.sandbox`` the :class:`SandboxApp`.
     """
     return SandboxApp(engine, api_key=api_key, kb_id=kb_id, faq_kb_id=faq_kb_id, faults=faults,
                       allow_fault_control=allow_fault_control, release=release, api_keys=api_keys,
-                      history=history, stream_manager=stream_manager).app
+                      history=history, stream_manager=stream_manager, other_model_kbs=other_model_kbs).app

@@ -6,7 +6,12 @@ v0.7.2 unless said otherwise; the helpers are the same at v0.6.2 where the pipel
 - :func:`simple_tokens` = ``searchutil.TokenizeSimple`` (internal/searchutil/textutil.go:40-73):
   lower-cased, trimmed; jieba search-mode words when the text holds a Han character, else
   whitespace fields; tokens of one rune and tokens made only of punctuation, symbols or spaces
-  are dropped. A set.
+  are dropped. A set. WeKnora's jieba is gojieba (``types.Jieba``, internal/types/evaluation.go:13-28 @
+  v0.7.2: cppjieba with its own dictionary, HMM model and user dictionary), whose ``CutForSearch`` cuts
+  differently from Python's jieba (letters and digits: ``01ja7q2`` is ``01`` + ``ja7q2``, ``10.20.3.5`` one
+  token; single characters always go to the HMM), so the sandbox cuts with cppjieba too
+  (:func:`weknora_jieba`, package ``cppjieba-py-dat``: the same words as gojieba v1.4.7 for every passage of
+  docs/sandbox-vs-weknora.md's knowledge base).
 - :func:`jaccard` = ``searchutil.Jaccard`` (textutil.go:77-102), :func:`overlap_ratio` =
   ``ContentOverlapRatio`` (:132-151), :func:`normalize_content` = ``NormalizeContent``
   (:106-112), :func:`content_signature` = ``BuildContentSignature`` (:14-24, the normalised
@@ -24,12 +29,16 @@ jieba or whitespace token), and its token set is the union of its pieces' cached
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from weknora_nb.core.segmenter import jieba_ready
+from weknora_nb.core.files import default_cache_dir
 
 #: chunkmerge.go: the shortest suffix/prefix overlap that counts, and the longest one looked for
 MIN_OVERLAP_RUNES = 12
@@ -56,11 +65,33 @@ def _keep(words) -> frozenset[str]:
     return frozenset(out)
 
 
+_JIEBA: list[Any] = []
+_JIEBA_LOCK = threading.Lock()
+
+
+def weknora_jieba() -> Any:
+    """WeKnora's segmenter: cppjieba with gojieba's default dictionary, HMM model and user dictionary
+    (``gojieba.NewJieba()``), made once; its double-array dictionary is kept in the cache folder
+    (``cppjieba/``). The package's own start-up messages are kept off standard output."""
+    with _JIEBA_LOCK:
+        if not _JIEBA:
+            from importlib.resources import files
+
+            import cppjieba_py_dat
+
+            user_dict = files("cppjieba_py_dat") / "dict" / "user.dict.utf8"
+            with contextlib.redirect_stdout(io.StringIO()):
+                _JIEBA.append(cppjieba_py_dat.Jieba(user_dict_path=str(user_dict),
+                                                    dat_cache_dir=str(default_cache_dir() / "cppjieba")))
+        return _JIEBA[0]
+
+
 @lru_cache(maxsize=65536)
 def _piece_tokens(piece: str) -> tuple[bool, frozenset[str], frozenset[str]]:
     """(holds a Han character, jieba token set, whitespace token set) of one lower-cased piece."""
     has_han = _HAN.search(piece) is not None
-    return has_han, _keep(jieba_ready().cut_for_search(piece, HMM=True)), _keep(piece.split())
+    cut = weknora_jieba().cut_for_search(piece, True) if has_han else ()
+    return has_han, _keep(cut), _keep(piece.split())
 
 
 def simple_tokens(text: str) -> frozenset[str]:

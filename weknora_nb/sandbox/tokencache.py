@@ -11,7 +11,7 @@ A data folder may ship a read-only seed of them, ``<data>/cache/tokens-<tokenize
 demo's is written by ``weknora-nb sandbox build --write-seed``, beside its embeddings): what the seed holds is
 neither tokenized nor written to the cache folder, so a fresh machine's first demo tokenizes nothing.
 
-The ``version`` is the SHA-256 of jieba's version and of the source of the tokenizer modules
+The ``version`` is the SHA-256 of jieba's and cppjieba-py-dat's versions and of the source of the tokenizer modules
 (``tokenize.py``, ``textutil.py``): a change to either is a new file, never a stale token (a seed of another
 version is not read). A file that cannot be read is ignored (a warning) and written anew; two processes
 writing at once may drop each other's new entries (each file is written whole, atomically), which are then
@@ -39,10 +39,13 @@ _SOURCES = ("tokenize.py", "textutil.py")
 
 @cache
 def tokenizer_version() -> str:
-    """SHA-256 (16 hex digits) of jieba's version and the source of the sandbox's tokenizer modules."""
+    """SHA-256 (16 hex digits) of jieba's and cppjieba-py-dat's versions (the BM25 tokenizer's and TokenizeSimple's
+    segmenters) and the source of the sandbox's tokenizer modules."""
+    from importlib.metadata import version
+
     import jieba
 
-    h = hashlib.sha256(f"jieba {jieba.__version__}".encode())
+    h = hashlib.sha256(f"jieba {jieba.__version__} cppjieba-py-dat {version('cppjieba-py-dat')}".encode())
     for name in _SOURCES:
         h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:16]
