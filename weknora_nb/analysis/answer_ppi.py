@@ -86,7 +86,7 @@ def _row(f: pd.Series, y: pd.Series) -> dict[str, object]:
     keep = f.notna()
     f, y = f[keep], y[keep]
     rated = y.notna()
-    est = ppi_mean(y[rated].to_numpy(), f[rated].to_numpy(), f[~rated].to_numpy())
+    est = ppi_mean(y[rated].to_numpy(), f[rated].to_numpy(), f.to_numpy())
     human = classical_mean(y[rated].to_numpy())
     return {"judge": float(f.mean()), "human": human.estimate, "human_low": human.low, "human_high": human.high,
             "corrected": est.estimate, "low": est.low, "high": est.high, "n": int(len(f)), "n_rated": int(rated.sum()),

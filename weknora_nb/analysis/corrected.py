@@ -194,12 +194,13 @@ def query_strata(grades: Grades, human: TestSet) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------
 def strata_of(f: pd.Series, y: pd.Series, strata: pd.DataFrame) -> list[Stratum]:
     """The two strata of one metric's per-query values (module docstring): queries without a fill grade (exact),
-    and the graded queries, labelled or not."""
+    and the graded queries (their labelled sample's ``y`` and ``f``, and ``f`` of all of them)."""
     s = strata.reindex(f.index)
     graded, labelled = s["graded"].fillna(False).to_numpy(bool), s["labelled"].fillna(False).to_numpy(bool)
+    labelled = labelled & graded
     fv, yv = f.to_numpy(np.float64), y.to_numpy(np.float64)
     return [Stratum(yv[~graded], fv[~graded], np.empty(0), exact=True),
-            Stratum(yv[labelled], fv[labelled], fv[graded & ~labelled])]
+            Stratum(yv[labelled], fv[labelled], fv[graded])]
 
 
 def estimate(f: pd.Series, y: pd.Series, strata: pd.DataFrame, *, alpha: float = 1 - LEVEL) -> Estimate:
@@ -281,7 +282,7 @@ def projection(out: Corrected, run: str, metric: str, steps: Sequence[int] = (5,
     f, y = out.paired(run, metric)
     sampled = strata_of(f, y, out.strata)[1]
     share = sampled.size / len(f) if len(f) else math.nan
-    rows = [{"more_queries": k, "half_width": projected_half_width(sampled.y, sampled.f_labelled, sampled.f_unlabelled,
+    rows = [{"more_queries": k, "half_width": projected_half_width(sampled.y, sampled.f_labelled, sampled.f_all,
                                                                      k, share=share)} for k in (0, *steps)]
     return pd.DataFrame(rows)
 

@@ -4,7 +4,7 @@ A graded query joins the human-labelled sample of the corrected figures (:mod:`w
 once every chunk of it that the LLM graded to fill a label has a person's grade; each further query shrinks the
 corrected interval of a delta by a computable amount,
 
-.. math:: h(k) = z_{0.975} \, w \sqrt{\hat\sigma^2_f / (N - k) + \hat\sigma^2_{y-f} / (n + k)}
+.. math:: h(k) = z_{0.975} \, w \sqrt{\hat\sigma^2_f / N + \hat\sigma^2_{y-f} / (n + k)}
 
 (:func:`weknora_nb.analysis.ppi.projected_half_width`: the half-width once k more queries are labelled, the spreads
 as estimated now, w the graded queries' share). The correction stays unbiased only while the labelled queries are a
@@ -91,13 +91,13 @@ def label_next(out: Corrected, grades: Grades, human: TestSet, *, run: str | Non
     order = [q for q in sample_order(sorted(out.strata.index[out.strata["graded"]]), seed) if q in left][:queries]
     sampled = strata_of(f, y, out.strata)[1]
     share = sampled.size / len(f) if len(f) else math.nan
-    now = projected_half_width(sampled.y, sampled.f_labelled, sampled.f_unlabelled, 0, share=share)
+    now = projected_half_width(sampled.y, sampled.f_labelled, sampled.f_all, 0, share=share)
     texts = _texts(out.loaded)
     query_text = dict(zip(human.queries["query_id"], human.queries["query"], strict=True))
     rows, steps, chunks = [], [], 0
     for i, q in enumerate(order, start=1):
         chunks += len(left[q])
-        after = projected_half_width(sampled.y, sampled.f_labelled, sampled.f_unlabelled, i, share=share)
+        after = projected_half_width(sampled.y, sampled.f_labelled, sampled.f_all, i, share=share)
         steps.append({"queries": i, "chunks": chunks, "half_width": after})
         for c in left[q]:
             title, content = texts.get(c, ("", ""))

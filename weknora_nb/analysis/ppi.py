@@ -2,23 +2,27 @@ r"""Prediction-powered inference of a mean (docs/method.md section 16; Angelopou
 
 Many items carry a prediction :math:`f` (a figure computed from LLM grades, a judge's score); a random sample
 of them also carries the truth :math:`y` (the figure from people's labels or ratings). The prediction-powered
-estimate of the mean of :math:`y` and its interval at level :math:`1 - \alpha`:
+estimate of the mean of :math:`y` (the method of record's :math:`\theta_{PP} = \overline{f}_{all} +
+\overline{(y - f)}_{human}`) and its interval at level :math:`1 - \alpha`:
 
 .. math::
 
-    \hat\theta_{PP} = \frac{1}{N}\sum_{i \in U} f_i + \frac{1}{n}\sum_{j \in L} (y_j - f_j), \qquad
-    \hat\theta_{PP} \pm z_{1-\alpha/2}\sqrt{\frac{\hat\sigma^2_{f,U}}{N} + \frac{\hat\sigma^2_{y-f,L}}{n}}
+    \hat\theta_{PP} = \frac{1}{N}\sum_{i=1}^{N} f_i + \frac{1}{n}\sum_{j \in L} (y_j - f_j), \qquad
+    \hat\theta_{PP} \pm z_{1-\alpha/2}\sqrt{\frac{\hat\sigma^2_{f}}{N} + \frac{\hat\sigma^2_{y-f,L}}{n}}
 
 where
 
-- :math:`L` is the labelled sample (:math:`n` items with both :math:`y` and :math:`f`), :math:`U` the :math:`N`
-  items with :math:`f` only (the unlabelled ones: the two sets do not overlap, as in the paper);
-- :math:`\hat\sigma^2` are variances with divisor :math:`n` (:math:`N`), as ppi-python's ``ppi_mean_ci(...,
-  lam=1)`` computes them: :func:`ppi_mean` agrees with it to 1e-9 (``tests/test_ppi.py``);
+- the first mean runs over all :math:`N` items (the :math:`n` labelled ones included), the second over the
+  labelled sample :math:`L`;
+- :math:`\hat\sigma^2` are variances with divisor :math:`N` (:math:`n`): the interval is ppi-python's
+  ``ppi_mean_ci(Y=y_L, Yhat=f_L, Yhat_unlabeled=f_all, lam=1)``, and :func:`ppi_mean` agrees with it to 1e-9
+  (``tests/test_ppi.py``). The interval leaves out the covariance of the two means (they share the labelled items),
+  of order :math:`1/N`; the simulation of ``benchmarks/ppi_coverage.py`` measures the coverage this gives;
 - the rectifier :math:`\frac1n\sum (y - f)` removes the prediction's bias whatever it is: the estimate is unbiased
   and the interval valid as long as :math:`L` is a random sample of the items (never chosen by looking at
   :math:`y - f`) and :math:`f` is the same function of an item whether it is labelled or not. A good :math:`f`
-  (small :math:`\sigma_{y-f}`) makes the interval narrower than the classical one from :math:`L` alone.
+  (small :math:`\sigma_{y-f}`) makes the interval narrower than the classical one from :math:`L` alone, and each
+  further labelled item narrows it.
 
 A version delta is the same estimator on the paired per-query differences (:math:`f_B - f_A`, :math:`y_B - y_A`).
 
@@ -79,12 +83,13 @@ def _check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
-def ppi_mean(y: np.ndarray, f_labelled: np.ndarray, f_unlabelled: np.ndarray, *, alpha: float = 0.05) -> Estimate:
+def ppi_mean(y: np.ndarray, f_labelled: np.ndarray, f_all: np.ndarray, *, alpha: float = 0.05) -> Estimate:
     """The prediction-powered mean and its interval (module docstring; ppi-python's ``ppi_mean_ci(y, f_labelled,
-    f_unlabelled, alpha=alpha, lam=1)``). With no unlabelled item it is the classical mean of ``y`` (the variance of
-    ``y`` with divisor n); with fewer than 2 labelled items it is NaN with the reason."""
+    f_all, alpha=alpha, lam=1)``): ``f_all`` the predictions of every item, the labelled ones included. With no
+    prediction it is the classical mean of ``y`` (the variance of ``y`` with divisor n); with fewer than 2 labelled
+    items it is NaN with the reason. ``n_unlabelled`` of the result: the items without a label, N - n."""
     alpha = _check_alpha(alpha)
-    y, fl, fu = (np.asarray(a, dtype=np.float64).ravel() for a in (y, f_labelled, f_unlabelled))
+    y, fl, fu = (np.asarray(a, dtype=np.float64).ravel() for a in (y, f_labelled, f_all))
     if y.shape != fl.shape:
         raise UsageError(argument="f_labelled", allowed=f"one prediction per labelled item ({len(y)})", got=len(fl))
     n, m = len(y), len(fu)
@@ -93,7 +98,7 @@ def ppi_mean(y: np.ndarray, f_labelled: np.ndarray, f_unlabelled: np.ndarray, *,
     if m == 0:
         return classical_mean(y, alpha=alpha)
     r = y - fl
-    return _interval(fu.mean() + r.mean(), math.sqrt(fu.var() / m + r.var() / n), n, m, alpha)
+    return _interval(fu.mean() + r.mean(), math.sqrt(fu.var() / m + r.var() / n), n, max(0, m - n), alpha)
 
 
 def classical_mean(y: np.ndarray, *, alpha: float = 0.05) -> Estimate:
@@ -107,18 +112,18 @@ def classical_mean(y: np.ndarray, *, alpha: float = 0.05) -> Estimate:
 
 @dataclass(frozen=True)
 class Stratum:
-    """One stratum of :func:`stratified`: its items' truth where known (``labelled``: ``y`` and ``f``), the
-    predictions of the others (``f_unlabelled``); ``exact``: every item's truth is known and equals ``f`` (only
-    ``y`` is read, averaged classically)."""
+    """One stratum of :func:`stratified`: the labelled items' truth and prediction (``y``, ``f_labelled``) and the
+    predictions of all its items, the labelled ones included (``f_all``); ``exact``: every item's truth is known and
+    equals its prediction (only ``y`` is read, averaged classically)."""
 
     y: np.ndarray
     f_labelled: np.ndarray
-    f_unlabelled: np.ndarray
+    f_all: np.ndarray
     exact: bool = False
 
     @property
     def size(self) -> int:
-        return len(self.y) + (0 if self.exact else len(self.f_unlabelled))
+        return len(self.y) if self.exact else len(self.f_all)
 
 
 def stratified(strata: list[Stratum], *, alpha: float = 0.05) -> Estimate:
@@ -138,27 +143,26 @@ def stratified(strata: list[Stratum], *, alpha: float = 0.05) -> Estimate:
             est = float(y.mean())
             se = math.sqrt(y.var() / len(y))
         else:
-            part = ppi_mean(s.y, s.f_labelled, s.f_unlabelled, alpha=alpha)
+            part = ppi_mean(s.y, s.f_labelled, s.f_all, alpha=alpha)
             if part.reason:
-                return _nan(len(s.y), len(s.f_unlabelled), part.reason)
+                return _nan(len(s.y), len(s.f_all) - len(s.y), part.reason)
             est, se = part.estimate, part.se
-            n_lab, n_unl = n_lab + len(s.y), n_unl + len(s.f_unlabelled)
+            n_lab, n_unl = n_lab + part.n_labelled, n_unl + part.n_unlabelled
         estimate += w * est
         variance += (w * se) ** 2
     return _interval(estimate, math.sqrt(variance), n_lab, n_unl, alpha)
 
 
-def projected_half_width(y: np.ndarray, f_labelled: np.ndarray, f_unlabelled: np.ndarray, more: int, *,
+def projected_half_width(y: np.ndarray, f_labelled: np.ndarray, f_all: np.ndarray, more: int, *,
                          alpha: float = 0.05, share: float = 1.0) -> float:
     """The half-width the interval of :func:`ppi_mean` is expected to have once ``more`` further items drawn at
-    random from the unlabelled ones are labelled, the spreads staying as estimated now:
-    :math:`z \\, w \\sqrt{\\hat\\sigma^2_f / (N - k) + \\hat\\sigma^2_{y-f} / (n + k)}` (``share`` w: the sampled
-    stratum's share of all items). NaN with fewer than 2 labelled items."""
-    y, fl, fu = (np.asarray(a, dtype=np.float64).ravel() for a in (y, f_labelled, f_unlabelled))
-    n, m = len(y), len(fu)
+    random are labelled, the spreads staying as estimated now:
+    :math:`z \\, w \\sqrt{\\hat\\sigma^2_f / N + \\hat\\sigma^2_{y-f} / (n + k)}` (``share`` w: the sampled
+    stratum's share of all items; k at most the items still unlabelled). NaN with fewer than 2 labelled items."""
+    y, fl, fa = (np.asarray(a, dtype=np.float64).ravel() for a in (y, f_labelled, f_all))
+    n, m = len(y), len(fa)
     if n < 2:
         return math.nan
-    k = min(more, m)
-    var_f = fu.var() if m else 0.0
-    var = (var_f / (m - k) if m - k > 0 else 0.0) + (y - fl).var() / (n + k)
+    k = min(more, max(0, m - n))
+    var = (fa.var() / m if m else 0.0) + (y - fl).var() / (n + k)
     return z_quantile(1 - _check_alpha(alpha) / 2) * share * math.sqrt(var)

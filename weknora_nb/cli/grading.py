@@ -115,18 +115,22 @@ def cost_line(summary: dict[str, Any], options: Any) -> str:
 # ---------------------------------------------------------------------------------------
 def _labels_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--testset", default=None,
-                   help="people's labels: the test set (default: the one the grades were made on)")
+                   help="people's labels: the test set (default: the first run's, else the one the grades were made "
+                        "on)")
     p.add_argument("--labels", nargs="+", default=None, metavar="FILE",
                    help="more labels of people laid over the test set: labels logs (.jsonl) or filled worksheets")
     p.add_argument("--assessor", default=None, help="assessor of worksheet rows whose assessor cell is blank")
 
 
 def _human(args: argparse.Namespace, grades: Any) -> Any:
+    """People's labels: --testset (else the first run's test set, else the one the grades were made on) with
+    --labels laid over it."""
     from weknora_nb.analysis.worksheet import read_judgements
     from weknora_nb.core.grades import with_labels
     from weknora_nb.core.testset import load_testset
 
-    path = args.testset or (grades.pool.get("testset") or {}).get("path")
+    runs = getattr(args, "runs", None)
+    path = args.testset or (_testset_of(args, runs[0]) if runs else (grades.pool.get("testset") or {}).get("path"))
     if not path:
         raise UsageError("--testset is needed: the grades' manifest names no test set")
     ts = load_testset(path)
