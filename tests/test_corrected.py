@@ -112,7 +112,8 @@ def test_corrected_means_and_deltas_agree_with_ppi_python_on_the_runs_values(wor
             exact = yv[ids["exact"]].to_numpy()
             w_exact, w_graded = len(EXACT) / N, 1 - len(EXACT) / N
             want = w_exact * exact.mean() + w_graded * point
-            se = math.sqrt(w_exact ** 2 * exact.var() / len(exact) + (w_graded * (hi - lo) / 2 / 1.959963984540054) ** 2)
+            graded_se = (hi - lo) / 2 / 1.959963984540054
+            se = math.sqrt(w_exact ** 2 * exact.var() / len(exact) + (w_graded * graded_se) ** 2)
             table = out.means[out.means["run"] == "new"] if kind == "mean" else out.deltas
             row = table.set_index("metric").loc[metric]
             assert row["corrected"] == pytest.approx(want, abs=1e-9)
@@ -165,7 +166,7 @@ def test_label_next_lists_the_next_queries_of_a_fixed_random_order_blind(world, 
     args = ["testset", "label-next", "--runs", *map(str, runs), "--grades", str(grades), "--testset", str(ts_path),
             "--labels", str(labels), "--queries", "6", "--seed", "3", "--out", str(ws)]
     assert main(args) == 0
-    assert [i.key for i in read_worksheet(ws)] == list(zip(nxt.rows["query_id"], nxt.rows["chunk_id"]))
+    assert [i.key for i in read_worksheet(ws)] == list(zip(nxt.rows["query_id"], nxt.rows["chunk_id"], strict=True))
     with pytest.raises(UsageError, match="--metric"):
         label_next(out, read_grades(grades), human, metric="mrr@20")
 

@@ -20,7 +20,8 @@ from weknora_nb.collect.judge.relevance import GRADE_DEFAULTS, grade_items, pars
 from weknora_nb.core.errors import InputError
 from weknora_nb.core.grades import MARKER, read_grades
 from weknora_nb.sandbox import SandboxServer
-from weknora_nb.sandbox.grader import MODEL as GRADER, grade_passage
+from weknora_nb.sandbox.grader import MODEL as GRADER
+from weknora_nb.sandbox.grader import grade_passage
 
 from .conftest import ranked
 from .test_judge import KEY, MINI, LLMServer, _section
@@ -87,8 +88,8 @@ def test_a_pool_is_graded_once_and_a_rerun_makes_no_call(tmp_path, runs):
     ts, base, new = runs
     items, pool, _ = grading_items(ts, [base, new], depth=3, calibration=2, seed=1)
     fill = items[items["purpose"] == "fill"]
-    assert sorted(zip(fill["query_id"], fill["chunk_id"])) == [("q1", "B"), ("q1", "C"), ("q1", "E"), ("q2", "A"),
-                                                               ("q2", "X"), ("q3", "E")]
+    assert sorted(zip(fill["query_id"], fill["chunk_id"], strict=True)) == [
+        ("q1", "B"), ("q1", "C"), ("q1", "E"), ("q2", "A"), ("q2", "X"), ("q3", "E")]
     assert (items["purpose"] == "calibration").sum() == 2 and pool["fill"] == 6 and pool["labelled_in_pool"] == 4
     out = tmp_path / "grades.jsonl"
     with LLMServer(_by_passage({"A": 3, "B": 1, "E": 0, "C": 0, "D": 3})) as srv:
@@ -98,7 +99,7 @@ def test_a_pool_is_graded_once_and_a_rerun_makes_no_call(tmp_path, runs):
     assert first.judged == 7 and first.failed == 1 and first.calls_made == 7    # X has no text: failed, no call
     assert again.calls_made == 0 and again.already_done == 8 and n_requests == 7
     g = read_grades(out)
-    assert dict(zip(zip(g.frame["query_id"], g.frame["chunk_id"]), g.frame["grade"]))[("q2", "A")] == 3
+    assert g.frame.set_index(["query_id", "chunk_id"])["grade"].to_dict()[("q2", "A")] == 3
     assert g.failed[["query_id", "chunk_id", "kind"]].values.tolist() == [["q2", "X", "no_text"]]
     assert ("q2", "X") in g.fill_keys() and len(g.fill_keys()) == 6
     manifest = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
@@ -205,7 +206,7 @@ def test_the_sandbox_grades_a_pool_offline_and_says_it_is_no_language_model(tmp_
     assert "not a language model" in out.manifest["notes"][0]
     g = read_grades(tmp_path / "g.jsonl")
     assert "a rule-based grader, not a language model" in g.marker()
-    grades = dict(zip(zip(g.frame["query_id"], g.frame["chunk_id"]), g.frame["grade"]))
+    grades = g.frame.set_index(["query_id", "chunk_id"])["grade"].to_dict()
     assert grades[("q1", "C")] == 0
     assert all(c["usage"] == "reported" for r in out.records for c in r["calls"])
     listed = {m["id"] for m in __import__("httpx").get(sandbox.base_url + "/v1/models",

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weknora_nb.core.errors import InputError, Problem, UsageError, reading
+from weknora_nb.core.errors import UsageError, reading
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,34 +140,16 @@ def read_grades(path: str | Path) -> Grades:
     line (a grader killed while writing) is left out; the last record of a key wins."""
     import pandas as pd
 
+    from weknora_nb.core.answers import read_judgement_records
+
     p = Path(path)
     if p.is_dir():
         p = p / GRADES_FILE
-    with reading(p):
-        text = p.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    problems: list[Problem] = []
-    records: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno < len(lines):
-                problems.append(Problem(str(p), lineno, None, f"not valid JSON: {exc.msg}"))
-            continue
-        bad = _problem(rec)
-        if bad:
-            problems.append(Problem(str(p), lineno, bad[0], bad[1]))
-            continue
-        records[tuple(rec[k] for k in GRADE_KEYS)] = rec
-    if problems:
-        raise InputError(p, problems)
+    records = read_judgement_records(p, keys=GRADE_KEYS, check=_problem)
     judged: dict[tuple[str, str], list[int]] = {}
     purpose: dict[tuple[str, str], str] = {}
     failed: dict[tuple[str, str], str] = {}
-    for rec in records.values():
+    for rec in records:
         key = (rec["query_id"], rec["chunk_id"])
         purpose.setdefault(key, rec.get("purpose") or "fill")
         if rec["status"] == "judged":
@@ -189,9 +171,7 @@ def read_grades(path: str | Path) -> Grades:
     return Grades(p, frame.astype({"grade": int, "repeats": int}), failed_frame, manifest)
 
 
-def _problem(rec: Any) -> tuple[str | None, str] | None:
-    if not isinstance(rec, dict):
-        return None, "not a JSON object"
+def _problem(rec: dict[str, Any]) -> tuple[str | None, str] | None:
     for name in ("query_id", "chunk_id"):
         if not isinstance(rec.get(name), str) or not rec[name]:
             return name, "missing or not a non-empty string"
