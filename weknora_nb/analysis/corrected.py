@@ -168,9 +168,8 @@ def _values(run: Run, filled: TestSet, stage: str, metrics: list[str]) -> QueryV
     human = score(run.testset, run.codes, [*metrics, judged], stages=[stage])
     fill = score(filled, run.codes, [*metrics, judged], stages=[stage])
     y = human.per_query_mean().set_index("query_id")[[*metrics, judged]]
-    f = fill.per_query_mean().set_index("query_id")[[*metrics, judged]].reindex(y.index).fillna(0.0)
-    jg = float(fill.per_query_mean()[judged].mean())
-    return QueryValues(run.name, f[metrics], y[metrics], float(y[judged].mean()), jg)
+    f = fill.per_query_mean().set_index("query_id")[[*metrics, judged]].reindex(y.index)
+    return QueryValues(run.name, f[metrics].fillna(0.0), y[metrics], float(y[judged].mean()), float(f[judged].mean()))
 
 
 def query_strata(grades: Grades, human: TestSet) -> pd.DataFrame:
@@ -290,14 +289,16 @@ def projection(out: Corrected, run: str, metric: str, steps: Sequence[int] = (5,
 def judged_table(runs: Sequence[str | Path | Run], grades: Grades, testset: TestSet | str | Path | None = None, *,
                  k: int = JUDGED_K) -> pd.DataFrame:
     """judged@K of every run and stage with people's labels (``human``) and with the LLM's grades too
-    (``with_grades``: a chunk counts as judged when a person labelled it or the LLM graded it)."""
+    (``with_grades``: a chunk counts as judged when a person labelled it or the LLM graded it), both over the queries
+    valid under people's labels."""
     human = human_testset(runs, testset)
     filled = grades.filled(human)
     rows = []
+    name = f"judged@{k}"
     for r in _load(runs, human, []):
-        name = f"judged@{k}"
-        a = score(r.testset, r.codes, [name]).summary_wide()[name]
-        b = score(filled, r.codes, [name]).summary_wide()[name]
-        rows += [{"run": r.name, "stage": st, "human": float(a[st]), "with_grades": float(b.get(st, math.nan))}
-                 for st in a.index]
+        a = score(r.testset, r.codes, [name]).per_query_mean().set_index(["stage", "query_id"])[name]
+        b = score(filled, r.codes, [name]).per_query_mean().set_index(["stage", "query_id"])[name].reindex(a.index)
+        a_mean, b_mean = a.groupby(level=0, sort=False).mean(), b.groupby(level=0, sort=False).mean()
+        rows += [{"run": r.name, "stage": st, "human": float(a_mean[st]), "with_grades": float(b_mean[st])}
+                 for st in a_mean.index]
     return pd.DataFrame(rows, columns=["run", "stage", "human", "with_grades"])

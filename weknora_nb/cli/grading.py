@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from weknora_nb.cli.judge import add_llm_options, llm_from_args
+from weknora_nb.cli.judge import add_llm_options, interrupted, llm_from_args
 from weknora_nb.cli.options import Subparsers, check_run_folder, int_at_least, metric_names, output_file
 from weknora_nb.core.errors import UsageError
 
@@ -53,7 +53,15 @@ def _testset_of(args: argparse.Namespace, first_run: str) -> str:
 
 
 def cmd_testset_grade(args: argparse.Namespace) -> int:
-    """Pool, grade, and print the grading's cost line and each run's judged@K with and without the grades."""
+    """Pool, grade, and print the grading's cost line and each run's judged@K with and without the grades; Ctrl-C
+    keeps what was graded (exit 130, the same command goes on)."""
+    try:
+        return _grade_from_args(args)
+    except KeyboardInterrupt:
+        raise interrupted(args, "the grades finished are kept") from None
+
+
+def _grade_from_args(args: argparse.Namespace) -> int:
     from weknora_nb.analysis.corrected import judged_table
     from weknora_nb.analysis.grade_pool import grading_items
     from weknora_nb.collect.http.redact import install_log_redaction

@@ -109,13 +109,17 @@ def cmd_judge(args: argparse.Namespace) -> int:
     try:
         return _judge_from_args(args)
     except KeyboardInterrupt:
-        import shlex
+        raise interrupted(args, f"the judgements finished are kept in {args.run}") from None
 
-        from weknora_nb.collect.http.redact import redact_command
 
-        command = shlex.join(["weknora-nb", *redact_command(list(getattr(args, "argv", None) or sys.argv[1:]))])
-        raise Interrupted(f"interrupted: the judgements finished are kept in {args.run}; to go on, run: "
-                          f"{command}") from None
+def interrupted(args: argparse.Namespace, kept: str) -> Interrupted:
+    """The error of a command stopped by Ctrl-C: what is kept, and the same command (URLs redacted) to go on."""
+    import shlex
+
+    from weknora_nb.collect.http.redact import redact_command
+
+    command = shlex.join(["weknora-nb", *redact_command(list(getattr(args, "argv", None) or sys.argv[1:]))])
+    return Interrupted(f"interrupted: {kept}; to go on, run: {command}")
 
 
 def _judge_from_args(args: argparse.Namespace) -> int:
