@@ -37,13 +37,13 @@ EVIL = '<script>alert("kb")</script>'
 
 SECTIONS = {
     "01_collect": ["01 · Collect", "Manifest", "Requests per stage", "Latency"],
-    "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Label coverage", "Recall funnel",
-                   "Distributions"],
+    "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Label coverage",
+                   "Corrected figures: LLM grades and a human sample", "Recall funnel", "Distributions"],
     "03_stratify": ["03 · Stratify", "Heatmaps", "Weakest groups"],
     "04_degraded": ["04 · Degraded queries", "What each stage ran", "Causes by stage", "Drill-down"],
     "05_compare": ["05 · Compare", "Configuration difference", "Deltas", "Latency cost", "Recommendation",
-                   "Answers beside retrieval", "Label coverage", "Effect sizes", "Which query types gain",
-                   "Every version side by side", "History"],
+                   "Answers beside retrieval", "Label coverage", "The delta corrected by a human sample",
+                   "Effect sizes", "Which query types gain", "Every version side by side", "History"],
     "06_answers": ["06 · Answers", "Scores", "By query type", "The worst answers", "Citations", "Citation order",
                    "Judge stability", "Cost", "sandbox-rule-judge", "rule-based judge, not a language model"],
 }
@@ -416,6 +416,13 @@ def test_the_demo_end_to_end(demo_from_wheel):
         assert f'href="{v}/index.html"' in text
         assert (out / "reports" / v / "05_compare.html").exists()
     assert re.search(r"rerank</a>: .*NDCG@5 vs baseline: \+0\.\d+", text)
+    # the pools of baseline and rerank graded by the sandbox's rule-based grader; the pages say what graded them
+    grades = json.loads((out / "runs" / "relevance-grades.json").read_text(encoding="utf-8"))
+    assert grades["served_models"] == ["sandbox-rule-grader"] and grades["rule_based"]
+    assert grades["status"] == "complete"
+    page = (out / "reports" / "rerank" / "05_compare.html").read_text(encoding="utf-8")
+    assert "The delta corrected by a human sample" in page
+    assert "grades: LLM (sandbox-rule-grader, a rule-based grader, not a language model" in page
     # the version whose HNSW graph is built sparse (m 4) is seen missing through its index at a low ef_search
     # (0.85 at ef_search 10 on these queries; 0.995 when the trace's searches ran on generic plans, exact ones)
     sweep = json.loads((out / "runs" / "hnsw-m4" / "vector_trace.json").read_text(encoding="utf-8"))["sweep"]

@@ -7,7 +7,9 @@ server: the server and its collector share a process, so one process uses one co
 the demo test set at every stage with 3 repeats, judges the answers of
 :data:`JUDGED_VERSIONS` with the sandbox's rule-based judge, checks each version's knowledge
 base (the API, its Postgres tables as a read-only role, the test set traced into the vector
-store: ``check.json`` and ``vector_trace*`` in the run folder), renders all reports (baseline
+store: ``check.json`` and ``vector_trace*`` in the run folder), grades the pools of
+:data:`GRADED_VERSIONS` with the sandbox's rule-based relevance grader and puts the demo's human sample beside the
+grades (docs/method.md section 16: notebooks 02 and 05 show the corrected figures), renders all reports (baseline
 alone, then each other version compared with the baseline, except those measured on a test set
 of their own: the FAQ knowledge base's, the parent-child one's), stops the sandbox and returns
 the path of ``<out>/reports/index.html``.
@@ -19,6 +21,7 @@ current folder).
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import multiprocessing
@@ -37,7 +40,7 @@ from weknora_nb.collect.checks.embeddings import EMBEDDINGS_API_KEY_ENV, Embeddi
 from weknora_nb.collect.checks.integrity import run_checks
 from weknora_nb.collect.http.client import API_KEY_ENV, ClientSettings
 from weknora_nb.collect.judge.llm import JUDGE_API_KEY_ENV, LLMSettings
-from weknora_nb.collect.judge.manifest import RULE_JUDGE_MODEL
+from weknora_nb.collect.judge.manifest import RULE_GRADER_MODEL, RULE_JUDGE_MODEL
 from weknora_nb.collect.judge.options import JudgeOptions
 from weknora_nb.collect.judge.pointwise import judge_run
 from weknora_nb.collect.run.collector import collect
@@ -58,6 +61,9 @@ FAQ_STAGES = "vector,hybrid,final,faq"
 PATH_STAGES = ("vector", "keyword")
 #: the versions whose answers the sandbox's rule-based judge scores (docs/method.md section 11)
 JUDGED_VERSIONS = ("baseline", "rerank")
+#: the versions whose pools (the top 10 of their final stage) the sandbox's rule-based relevance grader grades, with
+#: 100 labelled chunks to calibrate it (docs/method.md section 16)
+GRADED_VERSIONS, GRADED_STAGE, GRADED_DEPTH, CALIBRATION = ("baseline", "rerank"), "final", 10, 100
 
 
 @dataclass
@@ -271,6 +277,30 @@ def _judge(sb: SandboxServer, run_dir: Path, *, progress: bool) -> None:
              outcome.failed, outcome.calls_made, outcome.cache_hits)
 
 
+def _grade(out: Path, testset: Path, *, progress: bool) -> None:
+    """Grade the pools of :data:`GRADED_VERSIONS` with the sandbox's rule-based relevance grader into
+    ``<out>/runs/relevance-grades.jsonl`` (a rerun is served by the cache), and put the demo's human sample beside
+    it (``relevance-labels.jsonl``: the labels of the queries ``testset label-next`` drew, those of ``testset``)."""
+    from weknora_nb.analysis.grade_pool import grading_items
+    from weknora_nb.collect.judge.relevance import GRADE_DEFAULTS, grade_items
+    from weknora_nb.core.files import atomic_path
+    from weknora_nb.core.grades import GRADES_FILE
+    from weknora_nb.reports.grades_view import LABELS_FILE
+
+    runs = [out / "runs" / v for v in GRADED_VERSIONS]
+    items, pool, _ = grading_items(testset, runs, depth=GRADED_DEPTH, stages=[GRADED_STAGE], calibration=CALIBRATION)
+    os.environ.setdefault(JUDGE_API_KEY_ENV, os.environ[API_KEY_ENV])  # the sandbox's grader takes a sandbox key
+    with SandboxServer(GRADED_VERSIONS[0]) as sb:
+        outcome = grade_items(items, out / "runs" / GRADES_FILE, LLMSettings(f"{sb.base_url}/v1", RULE_GRADER_MODEL),
+                              JudgeOptions(**GRADE_DEFAULTS, concurrency=16, progress=progress), pool=pool)
+    log.info("graded %d chunks (%d failed), %d calls, %d from the cache", outcome.judged, outcome.failed,
+             outcome.calls_made, outcome.cache_hits)
+    known = set(load_testset(testset).queries["query_id"])
+    lines = (demo_dir() / "sample-labels.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    with atomic_path(out / "runs" / LABELS_FILE) as tmp:
+        tmp.write_text("".join(x for x in lines if x.strip() and json.loads(x)["query_id"] in known), encoding="utf-8")
+
+
 def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
                 jobs: int | None = None) -> tuple[Path, list[Report]]:
     """Render the first version alone and every other one against it, except those of ``alone``
@@ -302,7 +332,7 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     jobs : versions measured at a time, each in a worker process, and notebooks rendered at a time
         (default: one per core; 1: everything in this process, one after another).
 
-    ``seconds`` of the result holds the wall time of each phase: ``index``, ``collect``, ``render``.
+    ``seconds`` of the result holds the wall time of each phase: ``index``, ``collect``, ``grade``, ``render``.
     """
     out = Path(out).resolve()
     if not os.environ.get(API_KEY_ENV):
@@ -334,6 +364,11 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     for summary in measure_versions(work, workers=jobs or os.cpu_count() or 1, progress=progress, before=build):
         log.info(summary.describe())
     seconds["collect"] = time.perf_counter() - t0 - seconds["index"]   # the workers started during the index
+
+    t0 = time.perf_counter()
+    if all(v in names for v in GRADED_VERSIONS) and GRADED_STAGE in stages.split(","):
+        _grade(out, demo_testset(out, limit), progress=progress)
+    seconds["grade"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     index, reports = _render_all(out, names, faq | parent_child, no_input, jobs)

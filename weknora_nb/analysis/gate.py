@@ -312,8 +312,12 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
          non_inferior: Mapping[str, float] | None = None, not_worse: Mapping[str, float] | None = None,
          detect: Mapping[str, float] | None = None, improve_by: float = 0.0, allow_incomplete: bool = False,
          level: float = 0.95, power: float = DEFAULT_POWER, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-         adjust: str = "none", answer_values: AnswerValues | None = None) -> GateResult:
+         adjust: str = "none", answer_values: AnswerValues | None = None, corrected: Any = None) -> GateResult:
     """Evaluate the bounds on ``run`` (and against ``baseline``); see the module docstring.
+
+    ``corrected``: the corrected figures of the baseline and the run (:func:`weknora_nb.analysis.corrected.
+    corrected_estimates`, docs/method.md section 16): the ranking metrics' bounds then use the corrected means,
+    deltas and 95 % intervals, and the table says so (:func:`_use_corrected`).
 
     ``non_inferior`` / ``not_worse``: metric -> margin (>= 0, in the metric's unit); ``detect``: metric ->
     the effect to detect; ``resamples`` and ``seed`` of the paired bootstrap; ``answer_values``: the
@@ -362,10 +366,49 @@ def gate(run: str | Path | Run, *, baseline: str | Path | Run | None = None, sta
                  "bound": "0 failed or missing" + (" (allowed)" if allow_incomplete else ""),
                  "passed": bool(r.scores.complete or allow_incomplete)})
     result.table = pd.DataFrame(rows)
+    if corrected is not None:
+        margins = {(b.kind, b.metric): b.margin for b in evidence}
+        _use_corrected(result, corrected, minimums, max_drops, margins, level=level, adjust=adjust)
     result.passed = bool(result.table["passed"].all())
     if not result.rule and len(result.table) > 1:
         result.rule = "rule: the gate passes only when every bound passes."
     return result
+
+
+def _use_corrected(result: GateResult, corrected: Any, minimums: Mapping[str, float], max_drops: Mapping[str, float],
+                   margins: Mapping[tuple[str, str], float], *, level: float, adjust: str) -> None:
+    """The ranking metrics' rows of ``result`` with the corrected figures: ``min`` the corrected mean, ``max-drop``
+    minus the corrected delta, the evidence bounds the corrected delta's 95 % interval; each row's bound says
+    ``corrected``, and the grades' marker leads the warnings."""
+    from weknora_nb.analysis.evidence import bound_passed, margin_verdict
+
+    if adjust != "none" or abs(level - 0.95) > 1e-12:
+        raise UsageError("the corrected figures (--grades) come with 95 % intervals: --adjust and another level are "
+                         "not available with them")
+    means = corrected.means.set_index(["run", "metric"])
+    deltas = corrected.deltas.set_index(["run", "metric"]) if len(corrected.deltas) else None
+    table = result.table
+    for i, r in table.iterrows():
+        key = (result.run, r["metric"])
+        if r["check"] == "min" and key in means.index:
+            m = means.loc[key]
+            table.loc[i, ["value", "passed"]] = [m["corrected"], bool(m["corrected"] >= minimums[r["metric"]])]
+            table.loc[i, "bound"] = f"{r['bound']} (corrected [{_plain(m['low'])}, {_plain(m['high'])}])"
+        elif deltas is not None and key in deltas.index and r["check"] in ("max-drop", NON_INFERIOR, NOT_WORSE):
+            d = deltas.loc[key]
+            if r["check"] == "max-drop":
+                drop = max_drops[r["metric"]]
+                table.loc[i, ["value", "passed"]] = [-d["corrected"], bool(-d["corrected"] <= drop)]
+                table.loc[i, "bound"] = f"<= {drop:g} (corrected drop)"
+                continue
+            margin = margins[(r["check"], r["metric"])]
+            verdict = str(margin_verdict(d["low"], d["high"], margin)[()])
+            table.loc[i, ["value", "verdict", "ci_low", "ci_high", "passed"]] = [
+                d["corrected"], verdict, d["low"], d["high"], bool(bound_passed(r["check"], verdict))]
+            table.loc[i, "bound"] = (f"{verdict}: corrected 95 % CI [{_signed(d['low'])}, {_signed(d['high'])}] vs "
+                                     f"-{margin:g} ({d['n_labelled']} of {d['n']} queries labelled by people)")
+    result.warnings.insert(0, f"{corrected.marker}: the bounds of ranking metrics use the corrected figures "
+                              "(docs/method.md section 16)")
 
 
 def _size_warnings(deltas: Mapping[str, np.ndarray]) -> list[str]:

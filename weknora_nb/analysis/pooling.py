@@ -73,8 +73,11 @@ class Pool:
 # pooling
 # ---------------------------------------------------------------------------------------
 def pool(testset: TestSet | str | Path, runs: Sequence[str | Path], *, depth: int = 10,
-         assessor: str | None = None) -> Pool:
-    """Pool the unlabelled top-``depth`` chunks of ``runs`` (run folders) for ``testset``."""
+         assessor: str | None = None, stages: Sequence[str] | None = None, with_labelled: bool = False) -> Pool:
+    """Pool the unlabelled top-``depth`` chunks of ``runs`` (run folders) for ``testset``.
+
+    ``stages``: only these stages' lists (default every stage); ``with_labelled``: the labelled chunks of the pool
+    are rows too, with the column ``labelled`` telling them apart (what grading a calibration sample needs)."""
     import pandas as pd
 
     from weknora_nb.core.testset import load_testset
@@ -101,10 +104,17 @@ def pool(testset: TestSet | str | Path, runs: Sequence[str | Path], *, depth: in
         for cid, text in _inventory(folder).items():
             texts.setdefault(cid, text)
     top = pd.concat(tops, ignore_index=True)
+    if stages is not None:
+        have = sorted(set(top["stage"].astype(str)))
+        if not stages or set(stages) - set(have):
+            raise UsageError(argument="--stage", allowed=have, got=list(stages))
+        top = top[top["stage"].isin(list(stages))].reset_index(drop=True)
     labelled = set(zip(ts.qrels["query_id"], ts.qrels["chunk_id"], strict=True))
     top["labelled"] = [(q, c) in labelled for q, c in zip(top["query_id"], top["chunk_id"], strict=True)]
     coverage = _coverage(top, [n for n, _ in named])
-    rows = _pooled_rows(top[~top["labelled"]], ts, query_ids, texts, assessor)
+    rows = _pooled_rows(top if with_labelled else top[~top["labelled"]], ts, query_ids, texts, assessor)
+    if with_labelled:
+        rows["labelled"] = [(q, c) in labelled for q, c in zip(rows["query_id"], rows["chunk_id"], strict=True)]
     return Pool(rows, coverage, depth, len(ts), failed, unknown)
 
 

@@ -25,7 +25,8 @@ pandas, httpx or matplotlib.
 
 The parser is :func:`build_parser`. Each command group is a module of this package that defines its sub-parser
 (``add_*``) and what it runs (``cmd_*``): :mod:`.score`; :mod:`.collect` (``collect``, ``check``); :mod:`.gate`
-(``gate``, ``export``); :mod:`.report` (``report``, ``demo``); :mod:`.sandbox`; :mod:`.testset`; :mod:`.judge`.
+(``gate``, ``export``); :mod:`.report` (``report``, ``demo``); :mod:`.sandbox`; :mod:`.testset`; :mod:`.judge`;
+:mod:`.grading` (``testset grade``, ``testset calibration``, ``testset label-next``, ``corrected``).
 The option types they share are in :mod:`.options`.
 """
 
@@ -39,6 +40,7 @@ from typing import Any, NoReturn
 from weknora_nb._version import __version__
 from weknora_nb.cli.collect import add_check, add_collect
 from weknora_nb.cli.gate import add_export, add_gate
+from weknora_nb.cli.grading import add_corrected
 from weknora_nb.cli.judge import add_judge
 from weknora_nb.cli.report import add_demo, add_report
 from weknora_nb.cli.sandbox import add_sandbox
@@ -94,7 +96,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (add_score, add_collect, add_check, add_gate, add_export, add_report, add_demo, add_sandbox,
-                add_testset, add_judge):
+                add_testset, add_judge, add_corrected):
         add(sub)
     return p
 

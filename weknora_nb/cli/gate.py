@@ -15,6 +15,7 @@ from weknora_nb.cli.options import (
     margin,
     output_file,
 )
+from weknora_nb.core.errors import MetricError, UsageError
 
 
 def add_gate(sub: Subparsers) -> None:
@@ -46,6 +47,11 @@ def add_gate(sub: Subparsers) -> None:
                    help="write a Markdown summary (a PR comment, $GITHUB_STEP_SUMMARY)")
     g.add_argument("--junit", type=output_file, default=None, metavar="FILE",
                    help="write a JUnit XML report (one test case per bound)")
+    g.add_argument("--grades", default=None, metavar="FILE",
+                   help="use the figures corrected by a human sample for the ranking metrics' bounds: the LLM's grades "
+                        "(`weknora-nb testset grade`), people's labels of the test set and --labels (section 16)")
+    g.add_argument("--labels", nargs="+", default=None, metavar="FILE",
+                   help="with --grades: more labels of people (labels logs or filled worksheets)")
     g.add_argument("--allow-incomplete", action="store_true", help="do not fail on failed or missing requests")
     g.set_defaults(func=cmd_gate)
 
@@ -61,7 +67,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                   non_inferior=parse_bounds(args.non_inferior, what="margin", minimum=0.0),
                   not_worse=parse_bounds(args.not_worse, what="margin", minimum=0.0),
                   detect=parse_bounds(args.detect, what="effect"), improve_by=args.improve_by,
-                  resamples=args.resamples, seed=args.seed, adjust=args.adjust)
+                  resamples=args.resamples, seed=args.seed, adjust=args.adjust, corrected=_corrected(args))
     print(result.describe())
     if args.summary_md or args.junit:
         from weknora_nb.analysis.export import gate_junit, gate_markdown, write_text
@@ -71,6 +77,31 @@ def cmd_gate(args: argparse.Namespace) -> int:
         if args.junit:
             print(f"wrote {write_text(args.junit, gate_junit(result))}")
     return 0 if result.passed else 1
+
+
+def _corrected(args: argparse.Namespace) -> object:
+    """The corrected figures of --baseline and --run (None without --grades)."""
+    if not args.grades:
+        if args.labels:
+            raise UsageError("--labels goes with --grades (the corrected figures)")
+        return None
+    from weknora_nb.analysis.corrected import corrected_estimates, human_testset
+    from weknora_nb.analysis.gate import parse_bounds
+    from weknora_nb.analysis.worksheet import read_judgements
+    from weknora_nb.core.metrics import parse_metric
+
+    names = {m for items in (args.min, args.max_drop, args.non_inferior, args.not_worse)
+             for m in parse_bounds(items, what="bound")}
+    ranking = []
+    for m in sorted(names):
+        try:
+            ranking.append(parse_metric(m).name)
+        except MetricError:   # an answer metric: not corrected here
+            continue
+    runs = [args.baseline, args.run] if args.baseline else [args.run]
+    labels = [j for p in args.labels for j in read_judgements(p)] if args.labels else None
+    return corrected_estimates(runs, args.grades, testset=human_testset(runs, None, labels), stage=args.stage,
+                               metrics=ranking or None)
 
 
 def add_export(sub: Subparsers) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from weknora_nb.cli.options import Subparsers, domain_adjustment, metric_names, output_file
 
@@ -21,6 +22,9 @@ def add_score(sub: Subparsers) -> None:
                    help="lower acceptance thresholds by this fraction (0.05-0.10) for a specialised domain")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     s.add_argument("--compact", action="store_true", help="with --json: no indentation")
+    s.add_argument("--grades", default=None, metavar="FILE",
+                   help="score with an LLM's relevance grades (`weknora-nb testset grade`) in place of missing labels: "
+                        "every figure then says `grades: LLM` (docs/method.md section 16)")
     s.add_argument("--per-query-out", type=output_file, metavar="PATH",
                    help="write the per-query figures (each metric per query and stage, averaged over repeats) to "
                         "PATH: .parquet, .csv or .jsonl (then --json leaves them out)")
@@ -37,8 +41,11 @@ def cmd_score(args: argparse.Namespace) -> int:
     metrics = [m for part in args.metrics for m in part.split(",") if m.strip()] if args.metrics else None
     if args.per_query_out:
         per_query_format(args.per_query_out)   # a suffix it cannot write is refused before any work
-    sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
-                     domain_adjustment=args.domain_adjustment)
+    if args.grades:
+        sc = _score_with_grades(args, metrics)
+    else:
+        sc = score_files(args.testset, args.results, metrics, stages=args.stage or None,
+                         domain_adjustment=args.domain_adjustment)
     if args.per_query_out:
         sc.write_per_query(args.per_query_out)
     if args.json:
@@ -49,6 +56,21 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"error: nothing was scored: {sc.counts.nothing_scored}", file=sys.stderr)
         return 1
     return 0
+
+
+def _score_with_grades(args: argparse.Namespace, metrics: list[str] | None) -> Any:
+    """The results scored against the test set filled with the grades' fill grades, the grades' marker the first
+    warning (in the table and in ``--json``)."""
+    from weknora_nb.core.grades import read_grades
+    from weknora_nb.core.scoring import score
+    from weknora_nb.core.testset import load_testset
+
+    grades = read_grades(args.grades)
+    sc = score(grades.filled(load_testset(args.testset)), args.results, metrics, stages=args.stage or None,
+               domain_adjustment=args.domain_adjustment)
+    sc.warnings.insert(0, f"{grades.marker()}: chunks without a label carry the LLM's grade in these figures, not a "
+                          "person's; the human-only figures are those without --grades")
+    return sc
 
 
 def _print_bytes(pieces: list[bytes | memoryview]) -> None:

@@ -14,7 +14,7 @@ results row records the failure.
 from __future__ import annotations
 
 import json
-from collections.abc import Container
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,10 +95,14 @@ JUDGEMENTS = "judgements.jsonl"
 JUDGE_MANIFEST = "judge.json"
 
 
-def read_judgement_records(path: str | Path) -> list[dict[str, Any]]:
+def read_judgement_records(path: str | Path, *,
+                           keys: tuple[str, ...] = ("query_id", "stage", "repeat", "judge_repeat", "baseline"),
+                           check: Callable[[dict[str, Any]], tuple[str | None, str] | None] | None = None,
+                           ) -> list[dict[str, Any]]:
     """The records of a judgement log, read only: the last record per (query, stage, repeat, judge
-    repeat) wins, a torn last line (a judge killed while writing) is left out, and any other
-    line that is not a JSON object is an :class:`InputError` naming the file and line."""
+    repeat) wins (per ``keys``), a torn last line (a judge killed while writing) is left out, and any
+    other line that is not a JSON object, or that ``check`` finds a problem with (``(field, message)``),
+    is an :class:`InputError` naming the file, line and field."""
     p = Path(path)
     with reading(p):
         text = p.read_text(encoding="utf-8")
@@ -117,7 +121,11 @@ def read_judgement_records(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(rec, dict):
             problems.append(Problem(str(p), lineno, None, "expected a JSON object"))
             continue
-        records[tuple(rec.get(k) for k in ("query_id", "stage", "repeat", "judge_repeat", "baseline"))] = rec
+        bad = check(rec) if check is not None else None
+        if bad:
+            problems.append(Problem(str(p), lineno, bad[0], bad[1]))
+            continue
+        records[tuple(rec.get(k) for k in keys)] = rec
     if problems:
         raise InputError(p, problems)
     return list(records.values())

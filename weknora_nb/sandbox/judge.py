@@ -187,6 +187,9 @@ def _error(status: int, message: str, kind: str, code: str | None = None) -> Res
 class RuleJudge:
     """The endpoints: ``POST /v1/chat/completions`` and ``GET /v1/models``; keys are the sandbox's."""
 
+    #: the models this endpoint answers as (a subclass adds its own, :class:`weknora_nb.sandbox.grader.RuleGrader`)
+    served: tuple[str, ...] = (MODEL,)
+
     def __init__(self, keys: KeyRing):
         self.keys = keys
         self.requests = 0
@@ -198,8 +201,9 @@ class RuleJudge:
     async def models(self, request: Request) -> Response:
         if not self._authorised(request):
             return _error(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
-        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0,
-                                                         "owned_by": "weknora-nb sandbox (rule-based)"}]})
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": 0,
+                                                         "owned_by": "weknora-nb sandbox (rule-based)"}
+                                                        for m in self.served]})
 
     async def chat_completions(self, request: Request) -> Response:
         """One judgement in the chat-completions format (module docstring)."""
@@ -214,9 +218,10 @@ class RuleJudge:
         if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                      for m in messages) or not messages:
             return _error(400, "messages must be a non-empty list of {role, content}", "invalid_request_error")
-        if body.get("model") != MODEL:
-            return _error(404, f"The model {body.get('model')!r} does not exist; the sandbox serves {MODEL!r}, a "
-                          "rule-based judge", "invalid_request_error", "model_not_found")
+        if body.get("model") not in self.served:
+            return _error(404, f"The model {body.get('model')!r} does not exist; the sandbox serves "
+                          f"{', '.join(map(repr, self.served))}, rule-based (not language models)",
+                          "invalid_request_error", "model_not_found")
         if body.get("stream"):
             return _error(400, "stream is not supported by the sandbox's judge", "invalid_request_error")
         temperature = body.get("temperature", 1.0)
@@ -227,17 +232,18 @@ class RuleJudge:
         if user is None:
             return _error(400, "the sandbox's rule-based judge reads weknora-nb's judge prompts (a user message with "
                           "<question>, <answer> ... sections); this request has none", "invalid_request_error")
-        reply = self._reply(user, messages, float(temperature), body.get("seed"))
+        reply = self.reply(user, messages, float(temperature), body.get("seed"))
         text = json.dumps(reply, ensure_ascii=False)
         prompt_tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 3
         return JSONResponse({
             "id": "chatcmpl-sandbox-" + hashlib.sha256(text.encode()).hexdigest()[:24], "object": "chat.completion",
-            "created": int(time.time()), "model": MODEL, "system_fingerprint": "weknora-nb-sandbox-rule-judge-v1",
+            "created": int(time.time()), "model": body["model"],
+            "system_fingerprint": "weknora-nb-sandbox-rule-judge-v1",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": estimate_tokens(text),
                       "total_tokens": prompt_tokens + estimate_tokens(text)}})
 
-    def _reply(self, user: str, messages: list[dict[str, Any]], temperature: float, seed: Any) -> dict[str, Any]:
+    def reply(self, user: str, messages: list[dict[str, Any]], temperature: float, seed: Any) -> dict[str, Any]:
         """The reply object: three scores (pointwise) or a verdict (pairwise)."""
         zh = any(_CJK_CHAR.search(m["content"]) for m in messages if m.get("role") == "system")
         language = "zh" if zh else "en"

@@ -12,8 +12,8 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
   ``POST /api/v1/messages/search`` (C58-C69, C88, :mod:`.chat`); ``GET /api/v1/sessions``, ``GET
   /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87,
   :mod:`.session_routes`, over the server's sessions and the generated history of ``history``, made on first use)
-- ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
-  (:mod:`.judge`; not a WeKnora route)
+- ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge and a rule-based relevance grader in
+  OpenAI's format, bearer-key auth (:mod:`.judge`, :mod:`.grader`; not a WeKnora route)
 - ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
   WeKnora route), for the vector-store trace of ``weknora-nb check`` and for a WeKnora's embedding model
 - ``POST /v1/rerank``: the sandbox's rerank model in the format WeKnora's remote reranker calls
@@ -62,8 +62,8 @@ from weknora_nb.sandbox.emulation import WeKnoraRelease
 from weknora_nb.sandbox.emulation import release as named_release
 from weknora_nb.sandbox.engine import NegativeMatchCount, RetrievalEngine
 from weknora_nb.sandbox.faults import FaultConfig, FaultInjector, FaultMiddleware
+from weknora_nb.sandbox.grader import RuleGrader
 from weknora_nb.sandbox.history import HistoryPlan, materialise
-from weknora_nb.sandbox.judge import RuleJudge
 from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import Hit
 from weknora_nb.sandbox.rerank_api import RerankEndpoint
@@ -201,7 +201,7 @@ class SandboxApp:
         self.faults = FaultInjector(faults or FaultConfig())
         self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
-        self.judge = RuleJudge(self.keys)
+        self.judge = RuleGrader(self.keys)  # the rule-based judge and relevance grader
         self.embeddings = EmbeddingsEndpoint(self.keys, engine, self.faults)
         self.reranker = RerankEndpoint(self.keys, engine, self.faults)
         self.started = time.time()

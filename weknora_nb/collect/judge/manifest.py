@@ -21,11 +21,20 @@ from weknora_nb.collect.judge.calls import TOKEN_RULE, Asker
 from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome
 from weknora_nb.collect.judge.prompts import Prompt
+from weknora_nb.collect.judge.store import JUDGEMENT_KEYS
 from weknora_nb.core.errors import reading, writing
 from weknora_nb.core.files import atomic_path
 
 #: the model name of the sandbox's deterministic rule-based judge (weknora_nb.sandbox.judge)
 RULE_JUDGE_MODEL = "sandbox-rule-judge"
+#: the model name of the sandbox's deterministic rule-based relevance grader (weknora_nb.sandbox.grader)
+RULE_GRADER_MODEL = "sandbox-rule-grader"
+#: what each rule-based model of the sandbox is, as a manifest's notes say it
+RULE_MODELS = {
+    RULE_JUDGE_MODEL: "the weknora-nb sandbox's deterministic rule-based judge (word overlap with the reference "
+                      "answer and the cited passages), not a language model",
+    RULE_GRADER_MODEL: "the weknora-nb sandbox's deterministic rule-based relevance grader (word overlap between "
+                       "the question and the passage, lenient by one grade by design), not a language model"}
 
 
 @dataclass
@@ -39,6 +48,8 @@ class JudgeSpec:
     manifest_path: Path
     description: dict[str, Any]
     answers: int
+    #: the fields of a record that make its key (relevance grades: query_id, chunk_id, judge_repeat)
+    keys: tuple[str, ...] = JUDGEMENT_KEYS
 
 
 def describe_judge(settings: LLMSettings | None, options: JudgeOptions, prompts: dict[str, Prompt],
@@ -79,10 +90,7 @@ def end_manifest(spec: JudgeSpec, manifest: dict[str, Any], outcome: JudgeOutcom
                  client: LLMClient, status: str) -> None:
     """The manifest with what the server said it was, the parameters it refused, the counts and the ledger."""
     models = sorted(asker.models | {str(r["model"]) for r in outcome.records if r.get("model")})
-    notes = []
-    if RULE_JUDGE_MODEL in models:
-        notes.append(f"{RULE_JUDGE_MODEL} is the weknora-nb sandbox's deterministic rule-based judge (word overlap "
-                     "with the reference answer and the cited passages), not a language model")
+    notes = [f"{m} is {RULE_MODELS[m]}" for m in models if m in RULE_MODELS]
     ledger = {"calls": sum(len(r.get("calls") or []) for r in outcome.records),
               "prompt_tokens": sum(c["prompt_tokens"] for r in outcome.records for c in r.get("calls") or []),
               "completion_tokens": sum(c["completion_tokens"] for r in outcome.records for c in r.get("calls") or []),
@@ -90,7 +98,8 @@ def end_manifest(spec: JudgeSpec, manifest: dict[str, Any], outcome: JudgeOutcom
     if status == "done":
         status = "stopped_by_max_cost" if outcome.stopped_by_max_cost else \
             "complete" if outcome.complete else "incomplete"
-    manifest.update(status=status, ended_at=_now(), served_models=models, rule_based=RULE_JUDGE_MODEL in models,
+    manifest.update(status=status, ended_at=_now(), served_models=models,
+                    rule_based=any(m in RULE_MODELS for m in models),
                     dropped_parameters=sorted(client.dropped), notes=notes, counts=outcome.counts(), ledger=ledger)
     _write_json(spec.manifest_path, manifest)
 

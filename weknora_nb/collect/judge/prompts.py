@@ -37,7 +37,7 @@ POINTWISE_VERSION = "v1"
 PAIRWISE_VERSION = "pairwise-v1"
 #: the sections of the user messages; a value holding one of these tags has it neutralised
 SECTION_TAGS = ("question", "reference_answer", "cited_context", "answer", "answer_1_context", "answer_1",
-                "answer_2_context", "answer_2")
+                "answer_2_context", "answer_2", "passage")
 #: what stands for a missing reference answer or an answer without citations
 NONE_TEXT = {"zh": "（无）", "en": "(none)"}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")

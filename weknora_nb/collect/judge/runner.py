@@ -24,7 +24,7 @@ from weknora_nb.collect.judge.calls import TOKEN_RULE, Answered, Asker, Budget, 
 from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
 from weknora_nb.collect.judge.manifest import JudgeSpec, end_manifest, read_manifest, start_manifest, stopped_manifest
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome
-from weknora_nb.collect.judge.store import CACHE_FILE, JudgeCache, JudgeLock, JudgementLog, Key, judgement_key
+from weknora_nb.collect.judge.store import CACHE_FILE, JudgeCache, JudgeLock, JudgementLog, Key, record_key
 from weknora_nb.core.errors import AuthFailed, NotFound, RunExistsError, UsageError
 from weknora_nb.core.progress import progress_bar
 
@@ -37,7 +37,7 @@ async def execute(spec: JudgeSpec, jobs: list[Job], settings: LLMSettings | None
     expected = sum(len(j.keys) for j in jobs)
     jobs = group(jobs)
     cache_path = Path(options.cache) if options.cache else spec.run_dir.resolve().parent / CACHE_FILE
-    judgement_log = JudgementLog(spec.log_path, judgement_key)
+    judgement_log = JudgementLog(spec.log_path, lambda rec: record_key(rec, spec.keys))
     outcome = JudgeOutcome(spec.run_dir, spec.mode, spec.log_path, {}, [], spec.answers, expected, dry_run=dry_run)
     if dry_run:
         done = judgement_log.read() if spec.log_path.exists() else {}
@@ -126,7 +126,7 @@ async def _work(todo: list[Job], asker: Asker, judgement_log: JudgementLog, done
                 return
             body = job.build(answers)
             for i, key in enumerate(job.keys):
-                rec = _record(key, body, answers, job.meta, shared=i > 0)
+                rec = _record(spec.keys, key, body, answers, job.meta, shared=i > 0)
                 await judgement_log.append(rec)
                 done[key] = rec
                 asker.cached_records += bool(rec["cached"])
@@ -165,9 +165,10 @@ async def _answers(job: Job, asker: Asker) -> list[Answered]:
     return out
 
 
-def _record(key: Key, body: dict[str, Any], answers: list[Answered], meta: dict[str, Any], shared: bool) -> dict:
+def _record(names: tuple[str, ...], key: Key, body: dict[str, Any], answers: list[Answered], meta: dict[str, Any],
+            shared: bool) -> dict:
     calls = [] if shared else [c for a in answers for c in a.calls]
-    return {"query_id": key[0], "stage": key[1], "repeat": key[2], "judge_repeat": key[3], **body, **meta,
+    return {**dict(zip(names, key, strict=True)), **body, **meta,
             "cached": shared or all(a.cached for a in answers), "calls": calls,
             "cost": sum(c["cost"] for c in calls), "model": next((a.model for a in answers if a.model), None),
             "at": _now()}

@@ -35,8 +35,11 @@ log = logging.getLogger(__name__)
 
 CACHE_FILE = ".judge-cache.sqlite"
 LOCK_FILE = ".judge.lock"
-#: the key of a judgement: (query_id, stage, repeat, judge_repeat)
-Key = tuple[str, str, int, int]
+#: the key of a record: (query_id, stage, repeat, judge_repeat) for a judgement, (query_id, chunk_id, judge_repeat)
+#: for a relevance grade: strings, then integers
+Key = tuple[str | int, ...]
+#: the fields that make a judgement's key
+JUDGEMENT_KEYS = ("query_id", "stage", "repeat", "judge_repeat")
 
 
 class JudgeCache:
@@ -158,8 +161,14 @@ class JudgementLog:
 
 
 def judgement_key(rec: dict[str, Any]) -> Key:
-    key = (rec["query_id"], rec["stage"], rec["repeat"], rec["judge_repeat"])
-    if not (isinstance(key[0], str) and isinstance(key[1], str) and all(isinstance(k, int) for k in key[2:])
+    return record_key(rec, JUDGEMENT_KEYS)
+
+
+def record_key(rec: dict[str, Any], names: tuple[str, ...]) -> Key:
+    """The key of a record of a judge's log: its fields ``names`` (the first two strings, the others integers);
+    a :class:`TypeError` when it is not a whole record (a torn or foreign line)."""
+    key = tuple(rec[n] for n in names)
+    if not (all(isinstance(k, str) for k in key[:2]) and all(isinstance(k, int) for k in key[2:])
             and rec.get("status") in ("judged", "failed")):
         raise TypeError("not a judgement record")
     return key
