@@ -45,7 +45,7 @@ from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelea
 from weknora_nb.sandbox.index import DEFAULT_KB_IDS, KB_TYPES, SandboxIndex
 from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import Hit, PipelineSettings
-from weknora_nb.sandbox.tokenize import tokenize
+from weknora_nb.core.tokenize import tokenize
 from weknora_nb.sandbox.versions import VersionConfig
 
 #: knowledge-searches whose hits an engine keeps (see :meth:`RetrievalEngine.knowledge_search`)
