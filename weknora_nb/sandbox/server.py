@@ -13,7 +13,7 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
   /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87,
   :mod:`.session_routes`, over the server's sessions and the generated history of ``history``, made on first use)
 - ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge in OpenAI's format, bearer-key auth
-  (:mod:`.judge`; not a WeKnora route)
+  (:mod:`.judge`; not a WeKnora route), and a rule-based question generator (:mod:`.generator`)
 - ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
   WeKnora route), for the vector-store trace of ``weknora-nb check``
 - ``GET /health`` (no auth); ``GET|PUT /_sandbox/faults`` and ``GET /_sandbox/stats`` only when fault
@@ -49,7 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
 from weknora_nb.core.errors import UsageError
-from weknora_nb.sandbox import auth
+from weknora_nb.sandbox import auth, generator
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
 from weknora_nb.sandbox.catalog import Catalog
 from weknora_nb.sandbox.chat import Conversations, Session
@@ -189,7 +189,7 @@ class SandboxApp:
         self.faults = FaultInjector(faults or FaultConfig())
         self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
-        self.judge = RuleJudge(self.keys)
+        self.judge = RuleJudge(self.keys, {generator.MODEL: generator.reply})
         self.embeddings = EmbeddingsEndpoint(self.keys, engine)
         self.started = time.time()
         self.router = Router(self.routes(allow_fault_control))
