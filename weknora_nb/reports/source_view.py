@@ -72,7 +72,13 @@ def source_notes(run: Run) -> list[str]:
 
 def by_source(run: Run, *, metrics: list[str] | None = None, resamples: int = 2000) -> HTML:
     """The figures by source (module docstring), or a sentence when the test set holds no generated query."""
-    from weknora_nb.analysis.synthetic.bias import lexical_advantage, overlaps, source_table, source_warnings
+    from weknora_nb.analysis.synthetic.bias import (
+        OVERLAP_GAP,
+        lexical_advantage,
+        overlaps,
+        source_table,
+        source_warnings,
+    )
 
     if not _has_synthetic(run):
         return HTML(safe.text("No generated question (source: synthetic) in this test set: nothing to set apart."))
@@ -94,10 +100,18 @@ def by_source(run: Run, *, metrics: list[str] | None = None, resamples: int = 20
         parts += [safe.text(f"Keyword minus vector ({mets[0]}) by source: generated questions reuse their chunk's "
                             "words, so the keyword path gains more on them than on other queries."),
                   safe.table(advantage.round(3))]
-    warnings = source_warnings(run.testset, overlaps(run.testset, _texts(run)))
+    parts.append(safe.text("A generated question is labelled with the chunk it was written from (and the second "
+                           "chunk of a paired question) only: another chunk that answers it counts as irrelevant, "
+                           "so its figures are lower bounds until its top chunks are pooled and judged."))
+    over = overlaps(run.testset, _texts(run))
+    warnings = source_warnings(run.testset, over)
+    synthetic = table[(table["source"] == SYNTHETIC)]["overlap"]
+    others = table[(table["source"] != SYNTHETIC)]["overlap"]
+    said = (f" (mean overlap {synthetic.iloc[0]:.2f} against {others.mean():.2f})"
+            if len(synthetic) and len(others) and pd.notna(synthetic.iloc[0]) and pd.notna(others.mean()) else "")
     parts.append(safe.bullets(warnings, bold=True) if warnings else
-                 safe.text("No warning: generated questions are a minority and overlap their chunks about as much "
-                           "as the other queries overlap theirs."))
+                 safe.text("No warning: generated questions are a minority of the valid queries, and their lexical "
+                           f"overlap is within {OVERLAP_GAP:.2f} of the other queries'{said}."))
     return HTML("\n".join(parts))
 
 
