@@ -460,8 +460,9 @@ def test_sample_writes_a_loadable_masked_test_set_and_its_summary(servers, monke
     assert json.loads(printed.out[:printed.out.rindex("}") + 1]) == summary
     records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(records) == summary["sampled"] == 20
-    assert set(records[0]) == {"query_id", "query", "relevant", "query_type", "tags", "weight", "n_sessions",
-                               "first_seen", "last_seen"}
+    assert set(records[0]) == {"query_id", "query", "relevant", "query_type", "tags", "weight", "source",
+                               "n_sessions", "first_seen", "last_seen"}
+    assert {r["source"] for r in records} == {"traffic"}
     assert all(r["relevant"] == {} and r["weight"] >= r["n_sessions"] >= 1 for r in records)
     assert summary["user_queries"] == summary["user_messages"] and summary["sessions_failed"] == 0
     assert summary["unique_exact"] >= summary["clusters"] and sum(summary["sampled_by_stratum"].values()) == 20

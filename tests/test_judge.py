@@ -69,10 +69,13 @@ def _section(text: str, tag: str) -> str:
 class LLMServer:
     """``behave(question, n, body)`` decides the reply to the n-th request about ``question`` (1-based):
     ``{"reply": text, "usage": {...} | None}``, ``{"status", "json", "headers"}``, ``{"sleep": s}`` (then a good
-    reply, too late), ``{"cut": True}`` (the connection closed without an answer). Every request is kept."""
+    reply, too late), ``{"cut": True}`` (the connection closed without an answer). Every request is kept.
+    ``key(user message)`` names what a request is about (default: its ``<question>`` section)."""
 
-    def __init__(self, behave: Callable[[str, int, dict], dict] | None = None, delay_s: float = 0.0):
+    def __init__(self, behave: Callable[[str, int, dict], dict] | None = None, delay_s: float = 0.0,
+                 key: Callable[[str], str] | None = None):
         self.behave = behave or (lambda q, n, body: {})
+        self.key = key or (lambda user: _section(user, "question"))
         self.delay_s = delay_s
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
@@ -88,7 +91,7 @@ class LLMServer:
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 body = json.loads(raw)
                 user = next(m["content"] for m in body["messages"] if m["role"] == "user")
-                question = _section(user, "question")
+                question = server.key(user)
                 with server.lock:
                     server.counts[question] += 1
                     n = server.counts[question]

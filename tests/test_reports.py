@@ -32,6 +32,8 @@ from weknora_nb.reports.index_page import headline
 from weknora_nb.reports.render import NOTEBOOKS, notebooks_dir, render_report
 from weknora_nb.sandbox import SandboxServer, demo_dir
 
+from .conftest import DEMO_LIMIT
+
 KEY = "sk-report-test-9d8c7b6a5f4e"
 EVIL = '<script>alert("kb")</script>'
 
@@ -39,7 +41,7 @@ SECTIONS = {
     "01_collect": ["01 · Collect", "Manifest", "Requests per stage", "Latency"],
     "02_metrics": ["02 · Metrics", "The metric table", "Counts and exclusions", "Label coverage",
                    "Corrected figures: LLM grades and a human sample", "Recall funnel", "Distributions"],
-    "03_stratify": ["03 · Stratify", "Heatmaps", "Weakest groups"],
+    "03_stratify": ["03 · Stratify", "Heatmaps", "Weakest groups", "By source"],
     "04_degraded": ["04 · Degraded queries", "What each stage ran", "Causes by stage", "Drill-down"],
     "05_compare": ["05 · Compare", "Configuration difference", "Deltas", "Latency cost", "Recommendation",
                    "Answers beside retrieval", "Label coverage", "The delta corrected by a human sample",
@@ -423,6 +425,14 @@ def test_the_demo_end_to_end(demo_from_wheel):
     page = (out / "reports" / "rerank" / "05_compare.html").read_text(encoding="utf-8")
     assert "The delta corrected by a human sample" in page
     assert "grades: LLM (sandbox-rule-grader, a rule-based grader, not a language model" in page
+    # the cold-start set: generated from the baseline's chunks by the rule-based generator, measured beside the
+    # labelled queries, its figures and overlap by source on its 03 page (docs/method.md section 17)
+    note = json.loads((out / "generated" / "testset.jsonl.summary.json").read_text(encoding="utf-8"))
+    assert note["reached"] and note["kept"] == DEMO_LIMIT and not note["quota"]["documents_over_quota"]
+    assert 'href="coldstart/index.html"' in text
+    page = (out / "reports" / "coldstart" / "03_stratify.html").read_text(encoding="utf-8")
+    for said in ("By source", "not a language model", "Keyword minus vector", "synthetic"):
+        assert said in page
     # the version whose HNSW graph is built sparse (m 4) is seen missing through its index at a low ef_search
     # (0.85 at ef_search 10 on these queries; 0.995 when the trace's searches ran on generic plans, exact ones)
     sweep = json.loads((out / "runs" / "hnsw-m4" / "vector_trace.json").read_text(encoding="utf-8"))["sweep"]

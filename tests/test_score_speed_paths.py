@@ -371,12 +371,14 @@ _OPTIONAL = mostly([None, "factual", " factual "], ["", 3, []])
 _TAGS = mostly([None, [], ["a"], ["b", "a", "b"], [" a "], ["中", "😀"]], [[""], "a;b", [1], [None]])
 _WEIGHTS = mostly([None, 1, 5, 2 ** 63 - 1], [0, -1, 2 ** 63, 1.0, 2.5, True, "3"])
 _EXTRA = mostly([None, 1, "x"], [[1, 2], {"a": 1}, [[[]]], {"a": {"a": 1}}])
+_OVERLAPS = mostly([None, 0, 1, 0.0, 0.25, 1.0], [-0.1, 1.5, True, "0.5", float("nan"), float("inf"), 10 ** 400])
 
 record = st.fixed_dictionaries(
     {"query_id": _IDS, "query": _TEXT,
      "relevant": st.tuples(st.integers(0, 9), st.dictionaries(_CHUNKS, _GRADES, max_size=4),
                            st.sampled_from([None, [], "c1:1"])).map(lambda t: t[2] if t[0] == 9 else t[1])},
-    optional={"query_type": _OPTIONAL, "tags": _TAGS, "answer": _TEXT, "weight": _WEIGHTS, "extra": _EXTRA})
+    optional={"query_type": _OPTIONAL, "tags": _TAGS, "answer": _TEXT, "weight": _WEIGHTS, "source": _OPTIONAL,
+              "overlap": _OVERLAPS, "extra": _EXTRA})
 
 
 def jsonl_text(recs: list[dict], rng: random.Random) -> str:
@@ -425,7 +427,8 @@ def test_csv_and_parquet_in_bulk_equal_record_by_record(recs, fmt):
     import csv
     import tempfile
 
-    names = ["query_id", "query", "relevant", "query_type", "tags", "answer"]   # a weight in text is refused
+    # a weight in text is refused
+    names = ["query_id", "query", "relevant", "query_type", "tags", "answer", "source", "overlap"]
     rows = [[_cell(r.get(n)) for n in names] for r in recs]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"t.{fmt}"

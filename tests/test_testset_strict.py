@@ -411,8 +411,8 @@ def test_a_loaded_test_set_keeps_no_python_object_per_query(tmp_path):
 def test_records_are_fresh_plain_python_values():
     ts = TestSet.from_records(GOOD)
     recs = ts.records()
-    assert recs == [dict(r, query_type=r.get("query_type"), answer=r.get("answer"), weight=r.get("weight"))
-                    for r in GOOD]
+    assert recs == [dict(r, query_type=r.get("query_type"), answer=r.get("answer"), weight=r.get("weight"),
+                         source=r.get("source"), overlap=r.get("overlap")) for r in GOOD]
     assert all(type(g) is int for r in recs for g in r["relevant"].values())
     assert all(type(r["tags"]) is list for r in recs)
     recs[0]["relevant"]["new"] = 1
@@ -423,8 +423,8 @@ def test_records_are_fresh_plain_python_values():
 
 def test_frames_keep_their_columns_and_dtypes():
     ts = TestSet.from_records(GOOD)
-    assert list(ts.queries.columns) == ["query_id", "query", "query_type", "tags", "answer", "weight",
-                                        "n_labelled", "n_relevant", "valid"]
+    assert list(ts.queries.columns) == ["query_id", "query", "query_type", "tags", "answer", "weight", "source",
+                                        "overlap", "n_labelled", "n_relevant", "valid"]
     assert list(ts.qrels.columns) == ["query_id", "chunk_id", "grade"] and ts.qrels["grade"].dtype == "int8"
     assert ts.qrels.values.tolist() == [["q001", "doc1#0003", 3], ["q001", "doc1#0004", 1], ["q002", "api#0010", 2]]
     assert [list(t) for t in ts.queries["tags"]] == [["frequent"], ["english"], ["no-answer"]]

@@ -13,12 +13,12 @@ import logging
 import numpy as np
 import pytest
 
+from weknora_nb.core.tokenize import tokenize
 from weknora_nb.sandbox import build_index, demo_dir, load_demo_versions
 from weknora_nb.sandbox import index as index_module
 from weknora_nb.sandbox.index import SandboxIndex
 from weknora_nb.sandbox.textutil import simple_tokens
 from weknora_nb.sandbox.tokencache import TokenCache, tokenizer_version
-from weknora_nb.sandbox.tokenize import tokenize
 
 TEXTS = ["网关返回 DG-1003 错误怎么办？", "配置 gateway.yaml 的 x-dg-key 字段", "", "   ", "emoji 😀 和 中文",
          "The quick brown fox", "重复 重复 重复", "重复 重复 重复"]

@@ -14,6 +14,12 @@ alone, then each other version compared with the baseline, except those measured
 of their own: the FAQ knowledge base's, the parent-child one's), stops the sandbox and returns
 the path of ``<out>/reports/index.html``.
 
+Cold start (docs/method.md section 17): before the versions are measured, :func:`generate_coldstart` generates
+:data:`COLDSTART_N` questions from the first version's chunks with the sandbox's rule-based generator
+(``weknora-nb testset generate``), and the run :data:`COLDSTART` measures them together with the labelled ones at
+the retrieval paths (:data:`COLDSTART_STAGES`): its 03_stratify page sets their figures and overlap beside the
+labelled set's.
+
 Nothing here needs a checkout: the demo data and the notebooks are read from the installed
 package, and everything is written under ``out`` (``./outputs`` by default, relative to the
 current folder).
@@ -64,6 +70,8 @@ JUDGED_VERSIONS = ("baseline", "rerank")
 #: the versions whose pools (the top 10 of their final stage) the sandbox's rule-based relevance grader grades, with
 #: 100 labelled chunks to calibrate it (docs/method.md section 16)
 GRADED_VERSIONS, GRADED_STAGE, GRADED_DEPTH, CALIBRATION = ("baseline", "rerank"), "final", 10, 100
+#: the run of the cold-start set (labelled and generated questions together), the questions generated, its stages
+COLDSTART, COLDSTART_N, COLDSTART_STAGES = "coldstart", 60, "vector,keyword,hybrid"
 
 
 @dataclass
@@ -113,12 +121,14 @@ class VersionJob:
     judge: bool
     stages: str
     collect: dict[str, Any]
+    name: str | None = None   # the run's name (default: the version's)
+    check: bool = True
 
 
 def measure_version(job: VersionJob) -> RunSummary:
     """Collect, judge and check one version (:func:`_collect_version`): what a demo worker process runs."""
     return _collect_version(job.version, job.testset, job.run_dir, faq=job.faq, judge=job.judge,
-                            stages=job.stages, **job.collect)
+                            stages=job.stages, name=job.name, check=job.check, **job.collect)
 
 
 def measure_versions(jobs: list[VersionJob], *, workers: int, progress: bool,
@@ -220,12 +230,13 @@ def _init_worker(queue: Any, level: int) -> None:
 
 
 def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = False, judge: bool = False,
-                     **kwargs: Any) -> RunSummary:
-    """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base):
-    resumed when the folder holds the same run, collected afresh when it holds another one (an older
-    demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based judge."""
+                     name: str | None = None, check: bool = True, **kwargs: Any) -> RunSummary:
+    """Serve ``version`` and collect ``testset`` into ``run_dir`` (``faq``: from the FAQ knowledge base) as the run
+    ``name`` (default the version's): resumed when the folder holds the same run, collected afresh when it holds
+    another one (an older demo, another ``limit``); ``judge``: then judge its answers with the sandbox's rule-based
+    judge; ``check``: then check the knowledge base."""
     with SandboxServer(version) as sb:
-        kwargs.update(system=sb.describe(), run_name=version)
+        kwargs.update(system=sb.describe(), run_name=name or version)
         settings = ClientSettings(sb.base_url)
         kb = sb.faq_kb_id if faq else sb.kb_id
         try:
@@ -236,7 +247,8 @@ def _collect_version(version: str, testset: Path, run_dir: Path, *, faq: bool = 
             summary = collect(settings, kb, testset, run_dir, **kwargs)
         if judge:
             _judge(sb, run_dir, progress=bool(kwargs.get("progress")))
-        _check(sb, kb, testset, run_dir, progress=bool(kwargs.get("progress")))
+        if check:
+            _check(sb, kb, testset, run_dir, progress=bool(kwargs.get("progress")))
         return summary
 
 
@@ -299,6 +311,30 @@ def _grade(out: Path, testset: Path, *, progress: bool) -> None:
     lines = (demo_dir() / "sample-labels.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     with atomic_path(out / "runs" / LABELS_FILE) as tmp:
         tmp.write_text("".join(x for x in lines if x.strip() and json.loads(x)["query_id"] in known), encoding="utf-8")
+def generate_coldstart(out: Path, version: str, labelled: Path, n: int, *, progress: bool) -> Path:
+    """Serve ``version``, generate ``n`` questions from its chunks with the sandbox's rule-based generator into
+    ``<out>/generated/testset.jsonl`` (a rerun is served by its log), and write them with the ``labelled`` ones as
+    ``<out>/testset-coldstart.jsonl``, the generation's closing note beside it; that path."""
+    from weknora_nb.analysis.sampling import summary_path
+    from weknora_nb.analysis.synthetic.curate import SyntheticCurator
+    from weknora_nb.collect.generate.run import RULE_GENERATOR_MODEL, generate_testset
+    from weknora_nb.core.synthetic import GenerateOptions
+    from weknora_nb.core.testset import TestSet
+
+    os.environ.setdefault(JUDGE_API_KEY_ENV, os.environ[API_KEY_ENV])  # the sandbox's generator takes a sandbox key
+    generated = out / "generated" / "testset.jsonl"
+    generated.parent.mkdir(parents=True, exist_ok=True)
+    embedder = build_index().embedder(load_demo_versions()[version].embedding_model)
+    with SandboxServer(version) as sb:   # the round trips' and the collection's query embeddings: one batch
+        outcome = generate_testset(ClientSettings(sb.base_url), sb.kb_id, LLMSettings(f"{sb.base_url}/v1",
+                                   RULE_GENERATOR_MODEL), JudgeOptions(concurrency=8, progress=progress),
+                                   GenerateOptions(n=n), generated, SyntheticCurator, prefetch=embedder.queries)
+    log.info("generated %d of %d questions from %s's chunks", outcome.note.get("kept"), n, version)
+    path = out / "testset-coldstart.jsonl"
+    TestSet.from_records([*load_testset(labelled).records(), *load_testset(generated).records()]).to_jsonl(path)
+    note = {"combined": [str(labelled), str(generated)], "generated": outcome.note}
+    summary_path(path).write_text(json.dumps(note, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
@@ -316,7 +352,8 @@ def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
 
 def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[str] | None = None,
              stages: str = DEMO_STAGES, no_input: bool = False, progress: bool = True,
-             concurrency: int = 16, limit: int | None = None, jobs: int | None = None) -> DemoResult:
+             concurrency: int = 16, limit: int | None = None, jobs: int | None = None,
+             coldstart: bool = True) -> DemoResult:
     """Run the demo into ``out`` (relative to the current folder) and return what it wrote.
 
     Parameters
@@ -331,8 +368,11 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
         the figures then rest on fewer than 200 valid queries and the reports say so).
     jobs : versions measured at a time, each in a worker process, and notebooks rendered at a time
         (default: one per core; 1: everything in this process, one after another).
+    coldstart : generate the cold-start set from the first version's chunks and measure it as the run
+        :data:`COLDSTART` (:func:`generate_coldstart`; not when the first version is an FAQ one).
 
-    ``seconds`` of the result holds the wall time of each phase: ``index``, ``collect``, ``grade``, ``render``.
+    ``seconds`` of the result holds the wall time of each phase: ``index``, ``generate``, ``collect``, ``grade``,
+    ``render``.
     """
     out = Path(out).resolve()
     if not os.environ.get(API_KEY_ENV):
@@ -345,25 +385,34 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     parent_child = {v for v in names if all_versions[v].parent_child is not None}
     seconds: dict[str, float] = {}
 
+    cold = [COLDSTART] if coldstart and names[0] not in faq else []
+
     def build() -> None:
         t0 = time.perf_counter()
         build_index(show_progress=progress)
         for v in names:
             build_index(parent_child=all_versions[v].parent_child).warm(all_versions[v])
         seconds["index"] = time.perf_counter() - t0
+        if cold:
+            generate_coldstart(out, names[0], demo_testset(out, limit), min(COLDSTART_N, limit or COLDSTART_N),
+                               progress=progress)
+            seconds["generate"] = time.perf_counter() - t0 - seconds["index"]
 
     def kind(v: str) -> str | None:
         return "faq" if v in faq else "parent-child" if v in parent_child else None
 
     t0 = time.perf_counter()
+    collect_options = {"repeats": repeats, "concurrency": concurrency, "progress": progress}
     work = [VersionJob(v, demo_testset(out, limit, kind=kind(v)), out / "runs" / v, faq=v in faq,
                        judge=v in JUDGED_VERSIONS and "citations" in stages and v not in faq,
-                       stages=_stages_for(all_versions[v], stages),
-                       collect={"repeats": repeats, "concurrency": concurrency, "progress": progress})
+                       stages=_stages_for(all_versions[v], stages), collect=collect_options)
             for v in names]
+    work += [VersionJob(names[0], out / "testset-coldstart.jsonl", out / "runs" / c, faq=False, judge=False,
+                        stages=COLDSTART_STAGES, collect=collect_options, name=c, check=False) for c in cold]
     for summary in measure_versions(work, workers=jobs or os.cpu_count() or 1, progress=progress, before=build):
         log.info(summary.describe())
-    seconds["collect"] = time.perf_counter() - t0 - seconds["index"]   # the workers started during the index
+    # the workers started during the index (and the cold-start set's generation)
+    seconds["collect"] = time.perf_counter() - t0 - seconds["index"] - seconds.get("generate", 0.0)
 
     t0 = time.perf_counter()
     if all(v in names for v in GRADED_VERSIONS) and GRADED_STAGE in stages.split(","):
@@ -371,6 +420,6 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     seconds["grade"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    index, reports = _render_all(out, names, faq | parent_child, no_input, jobs)
+    index, reports = _render_all(out, names + cold, faq | parent_child | set(cold), no_input, jobs)
     seconds["render"] = time.perf_counter() - t0
     return DemoResult(index, reports, seconds)

@@ -29,7 +29,8 @@
 
 The records written (:func:`write_candidates`) are a loadable test set: ``query_id``, ``query``,
 ``relevant`` (``{}``: nobody judged them yet), ``query_type``, ``tags`` (``frequent`` or
-``long-tail``; ``masked``, ``vague``, ``off-topic`` when they apply), and ``weight``,
+``long-tail``; ``masked``, ``vague``, ``off-topic`` when they apply), ``weight``, ``source``
+(``traffic``: reports tell these queries from generated ones, docs/method.md section 17), and
 ``n_sessions``, ``first_seen``, ``last_seen``.
 """
 
@@ -52,6 +53,7 @@ from weknora_nb.analysis.privacy import KINDS, mask
 from weknora_nb.analysis.stratify import QueryTypeRules, load_rules
 from weknora_nb.core.errors import UsageError, writing
 from weknora_nb.core.files import atomic_path
+from weknora_nb.core.testset.validate import TRAFFIC
 
 FREQUENT, LONG_TAIL = "frequent", "long-tail"
 #: greetings and thanks: a text made of these alone is off-topic
@@ -295,7 +297,7 @@ def _record(c: Cluster, query_type: str, tags: list[str]) -> dict[str, Any]:
     """The test-set record of a sampled cluster."""
     first, last = min(c.times), max(c.times)
     return {"query_id": c.query_id, "query": c.representative, "relevant": {}, "query_type": query_type,
-            "tags": tags, "weight": c.weight, "n_sessions": len(c.sessions), "first_seen": first[1],
+            "tags": tags, "weight": c.weight, "source": TRAFFIC, "n_sessions": len(c.sessions), "first_seen": first[1],
             "last_seen": last[1]}
 
 

@@ -2,8 +2,10 @@
 
 Dimensions: the labelled ``query_type``; each tag (a query may carry several, so it counts
 in several groups); single- vs multi-answer (number of relevant chunks); exact vs vague
-(the ``vague`` tag); and a rule-based type (factual, procedural, conceptual, technical)
-from an editable rules file that works on Chinese and English text.
+(the ``vague`` tag); a rule-based type (factual, procedural, conceptual, technical)
+from an editable rules file that works on Chinese and English text; and the query's ``source``
+(``synthetic`` for generated questions, ``traffic`` for sampled ones, :data:`NO_SOURCE` when the record
+names none): generated questions are reported apart (docs/method.md section 17).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from weknora_nb.core.errors import ConfigError, Problem, UsageError
 from weknora_nb.core.scoring import Scores
 from weknora_nb.core.testset import TestSet
 
-DIMENSIONS = ("query_type", "tag", "answers", "exactness", "rule_type")
+DIMENSIONS = ("query_type", "tag", "answers", "exactness", "rule_type", "source")
+#: the source group of a query whose record names no source
+NO_SOURCE = "(none)"
 
 
 @dataclass(frozen=True)
@@ -115,15 +119,17 @@ def classify(texts: Iterable[str], rules: QueryTypeRules | None = None) -> list[
 
 def _memberships(testset: TestSet, rules: QueryTypeRules) -> pd.DataFrame:
     q = testset.queries
+    q = q if "source" in q else q.assign(source=None)   # frames given by hand may lack it
     rows = []
-    for qid, text, qtype, tags, n_rel in q[["query_id", "query", "query_type", "tags", "n_relevant"]].itertuples(
-            index=False):
+    for qid, text, qtype, tags, n_rel, source in q[["query_id", "query", "query_type", "tags", "n_relevant",
+                                                    "source"]].itertuples(index=False):
         rows.append((qid, "query_type", qtype if isinstance(qtype, str) else "(none)"))
         for t in tags or []:
             rows.append((qid, "tag", t))
         rows.append((qid, "answers", "single-answer" if n_rel == 1 else "multi-answer"))
         rows.append((qid, "exactness", "vague" if "vague" in (tags or []) else "exact"))
         rows.append((qid, "rule_type", rules.classify(text)))
+        rows.append((qid, "source", source if isinstance(source, str) else NO_SOURCE))
     return pd.DataFrame(rows, columns=["query_id", "dimension", "group"])
 
 

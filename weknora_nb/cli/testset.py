@@ -1,8 +1,10 @@
 """``weknora-nb testset <command>``: building and versioning test sets. ``sample`` draws candidate queries from
-WeKnora's conversation history, ``pool`` gathers the unlabelled top chunks of runs into a worksheet to judge,
-``merge-labels`` makes a new test-set version of the judgements (with its lineage), ``carry-over`` moves labels to
-a re-chunked knowledge base, ``agreement`` measures how far assessors agree; ``grade``, ``calibration`` and
-``label-next`` (:mod:`.grading`) grade pools with an LLM, measure it against people and say what to label next."""
+WeKnora's conversation history, ``generate`` writes questions from a knowledge base's chunks with an LLM before
+there is traffic (:mod:`weknora_nb.cli.generate`), ``pool`` gathers the unlabelled top chunks of runs into a
+worksheet to judge, ``merge-labels`` makes a new test-set version of the judgements (with its lineage),
+``carry-over`` moves labels to a re-chunked knowledge base, ``agreement`` measures how far assessors agree;
+``grade``, ``calibration`` and ``label-next`` (:mod:`.grading`) grade pools with an LLM, measure it against people
+and say what to label next."""
 
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ def add_testset(sub: Subparsers) -> None:
     """``weknora-nb testset <command>``: one ``add_testset_*`` function per command, listed here."""
     t = sub.add_parser("testset", help="build and version test sets: pool, label, merge, carry labels over")
     ts = t.add_subparsers(dest="testset_command", required=True)
-    for add in (add_testset_sample, add_testset_pool, add_testset_merge_labels, add_testset_carry_over,
-                add_testset_agreement, add_testset_grade, add_testset_calibration, add_testset_label_next):
+    from weknora_nb.cli.generate import add_testset_generate
+
+    for add in (add_testset_sample, add_testset_generate, add_testset_pool, add_testset_merge_labels,
+                add_testset_carry_over, add_testset_agreement, add_testset_grade, add_testset_calibration,
+                add_testset_label_next):
         add(ts)
 
 

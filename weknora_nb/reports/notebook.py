@@ -198,8 +198,13 @@ def stage_latencies(run: Run) -> dict[str, np.ndarray]:
 
 
 def warnings_note(run: Run) -> HTML:
-    """The run's warnings (incomplete, too few valid queries, adjusted thresholds), or that there is none."""
-    return bullets(run.scores.warnings, empty="No warnings: the run is complete and the test set is large enough.")
+    """The run's warnings (incomplete, too few valid queries, adjusted thresholds; generated questions that are the
+    majority or overlap far more than the others, and who wrote them: :func:`.source_view.source_notes`), or that
+    there is none."""
+    from weknora_nb.reports.source_view import source_notes
+
+    return bullets([*run.scores.warnings, *source_notes(run)],
+                   empty="No warnings: the run is complete and the test set is large enough.")
 
 
 def settings_note(run: Run) -> HTML | None:

@@ -36,11 +36,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from weknora_nb.core.tokenize import tokenize
 from weknora_nb.sandbox.agent import classify_intent, needs_retrieval, small_talk_answer
 from weknora_nb.sandbox.auth import Principal, principal_of, refuse_targets
 from weknora_nb.sandbox.catalog import go_html_escape, go_time
 from weknora_nb.sandbox.emulation import WeKnoraRelease
-from weknora_nb.sandbox.tokenize import tokenize
 from weknora_nb.sandbox.wire import NOT_FOUND, Field, app_error, bind_request, go_json, ok
 
 #: knowledge-chat's retrieval: (query, KB ids, knowledge ids, agent id) -> the references, as search results (C22)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from weknora_nb.core.errors import SandboxError
+from weknora_nb.core.tokenize import tokenize
 from weknora_nb.core.weknora import RETRIEVAL_DEFAULTS, effective_retrieval_config
 from weknora_nb.sandbox import pipeline
 from weknora_nb.sandbox.embedders import RERANK_EMBEDDER, ModelMissingError
@@ -45,7 +46,6 @@ from weknora_nb.sandbox.emulation import DEFAULT_RELEASE, RELEASES, WeKnoraRelea
 from weknora_nb.sandbox.index import DEFAULT_KB_IDS, KB_TYPES, SandboxIndex
 from weknora_nb.sandbox.memory import AnswerMemory
 from weknora_nb.sandbox.pipeline import Hit, PipelineSettings
-from weknora_nb.sandbox.tokenize import tokenize
 from weknora_nb.sandbox.versions import VersionConfig
 
 #: knowledge-searches whose hits an engine keeps (see :meth:`RetrievalEngine.knowledge_search`)

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from weknora_nb.core.errors import ConfigError
+from weknora_nb.core.tokenize import tokenize
 from weknora_nb.sandbox.chunking import Chunk, faq_index_texts, index_text
 from weknora_nb.sandbox.embedders import EMBEDDERS, RERANK_EMBEDDER, Embedder, ModelMissingError
 from weknora_nb.sandbox.textutil import clean_passage, simple_tokens
 from weknora_nb.sandbox.tokencache import TokenCache
-from weknora_nb.sandbox.tokenize import tokenize
 from weknora_nb.sandbox.versions import VersionConfig
 
 #: C49: the knowledge base types the sandbox serves (its document knowledge base and an FAQ one)

@@ -30,7 +30,9 @@ offline. It reads the sections of the user message by their tags (``<question>``
 ``usage`` counts tokens by weknora-nb's estimate rule (1 per CJK character, 1 per 4 other
 characters, + 4 per message + 3). Requests need ``Authorization: Bearer <a sandbox API key>``
 (401 otherwise) and ``model: "sandbox-rule-judge"`` (404 ``model_not_found`` otherwise); a prompt
-without the sections is a 400. The fault injection of :mod:`weknora_nb.sandbox.faults` applies.
+without the sections is a 400. Other rule-based models may be served beside it (``others``: the sandbox's
+question generator, :mod:`weknora_nb.sandbox.generator`), each asked by its name. The fault injection of
+:mod:`weknora_nb.sandbox.faults` applies.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -180,8 +183,20 @@ def estimate_tokens(text: str) -> int:
     return cjk + math.ceil((len(text) - cjk) / 4)
 
 
-def _error(status: int, message: str, kind: str, code: str | None = None) -> Response:
+def error_response(status: int, message: str, kind: str, code: str | None = None) -> Response:
+    """An error in OpenAI's form: ``{"error": {"message", "type", "param", "code"}}``."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+def completion_response(text: str, messages: list[dict[str, Any]], model: str, fingerprint: str) -> Response:
+    """A chat completion in OpenAI's form whose reply is ``text``; ``usage`` by weknora-nb's estimate rule."""
+    prompt_tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 3
+    return JSONResponse({
+        "id": "chatcmpl-sandbox-" + hashlib.sha256(text.encode()).hexdigest()[:24], "object": "chat.completion",
+        "created": int(time.time()), "model": model, "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": estimate_tokens(text),
+                  "total_tokens": prompt_tokens + estimate_tokens(text)}})
 
 
 class RuleJudge:
@@ -190,8 +205,11 @@ class RuleJudge:
     #: the models this endpoint answers as (a subclass adds its own, :class:`weknora_nb.sandbox.grader.RuleGrader`)
     served: tuple[str, ...] = (MODEL,)
 
-    def __init__(self, keys: KeyRing):
+    def __init__(self, keys: KeyRing, others: dict[str, Callable[[list[dict[str, Any]]], Any]] | None = None):
+        """``others``: more rule-based models served here by name (the sandbox's question generator): each gets
+        the messages of a request to it, and gives the reply object, or None for a prompt it does not read."""
         self.keys = keys
+        self.others = dict(others or {})
         self.requests = 0
 
     def _authorised(self, request: Request) -> bool:
@@ -200,48 +218,49 @@ class RuleJudge:
 
     async def models(self, request: Request) -> Response:
         if not self._authorised(request):
-            return _error(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
+            return error_response(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
         return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": 0,
                                                          "owned_by": "weknora-nb sandbox (rule-based)"}
-                                                        for m in self.served]})
+                                                        for m in (*self.served, *self.others)]})
 
     async def chat_completions(self, request: Request) -> Response:
         """One judgement in the chat-completions format (module docstring)."""
         self.requests += 1
         if not self._authorised(request):
-            return _error(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
+            return error_response(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError:
-            return _error(400, "the body is not JSON", "invalid_request_error")
+            return error_response(400, "the body is not JSON", "invalid_request_error")
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                      for m in messages) or not messages:
-            return _error(400, "messages must be a non-empty list of {role, content}", "invalid_request_error")
-        if body.get("model") not in self.served:
-            return _error(404, f"The model {body.get('model')!r} does not exist; the sandbox serves "
-                          f"{', '.join(map(repr, self.served))}, rule-based (not language models)",
-                          "invalid_request_error", "model_not_found")
+            return error_response(400, "messages must be a non-empty list of {role, content}", "invalid_request_error")
+        model = body.get("model")
+        if model not in self.served and model not in self.others:
+            names = ", ".join(map(repr, (*self.served, *self.others)))
+            return error_response(404, f"The model {model!r} does not exist; the sandbox serves {names}, rule-based "
+                                  "(not language models)", "invalid_request_error", "model_not_found")
         if body.get("stream"):
-            return _error(400, "stream is not supported by the sandbox's judge", "invalid_request_error")
+            return error_response(400, "stream is not supported by the sandbox's judge", "invalid_request_error")
         temperature = body.get("temperature", 1.0)
         if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            return _error(400, "temperature must be a number", "invalid_request_error")
+            return error_response(400, "temperature must be a number", "invalid_request_error")
+        if model in self.others:
+            other = self.others[model](messages)
+            if other is None:
+                return error_response(400, f"the sandbox's {model} reads weknora-nb's prompts for it; this request "
+                                      "holds none", "invalid_request_error")
+            return completion_response(json.dumps(other, ensure_ascii=False), messages, model, f"weknora-nb-{model}-v1")
         user = next((m["content"] for m in reversed(messages) if m.get("role") == "user" and "<question>" in
                      m["content"]), None)
         if user is None:
-            return _error(400, "the sandbox's rule-based judge reads weknora-nb's judge prompts (a user message with "
-                          "<question>, <answer> ... sections); this request has none", "invalid_request_error")
+            return error_response(400, "the sandbox's rule-based judge reads weknora-nb's judge prompts (a user "
+                                  "message with <question>, <answer> ... sections); this request has none",
+                                  "invalid_request_error")
         reply = self.reply(user, messages, float(temperature), body.get("seed"))
-        text = json.dumps(reply, ensure_ascii=False)
-        prompt_tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 3
-        return JSONResponse({
-            "id": "chatcmpl-sandbox-" + hashlib.sha256(text.encode()).hexdigest()[:24], "object": "chat.completion",
-            "created": int(time.time()), "model": body["model"],
-            "system_fingerprint": "weknora-nb-sandbox-rule-judge-v1",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": estimate_tokens(text),
-                      "total_tokens": prompt_tokens + estimate_tokens(text)}})
+        return completion_response(json.dumps(reply, ensure_ascii=False), messages, str(model),
+                                   "weknora-nb-sandbox-rule-judge-v1")
 
     def reply(self, user: str, messages: list[dict[str, Any]], temperature: float, seed: Any) -> dict[str, Any]:
         """The reply object: three scores (pointwise) or a verdict (pairwise)."""

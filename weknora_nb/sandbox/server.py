@@ -13,7 +13,8 @@ Each behaviour follows a fact of docs/weknora-contract.md; the release emulated
   /api/v1/sessions/{id}``, ``GET /api/v1/messages/{session_id}/load`` (C59, C67, C81-C87,
   :mod:`.session_routes`, over the server's sessions and the generated history of ``history``, made on first use)
 - ``POST /v1/chat/completions``, ``GET /v1/models``: a rule-based judge and a rule-based relevance grader in
-  OpenAI's format, bearer-key auth (:mod:`.judge`, :mod:`.grader`; not a WeKnora route)
+  OpenAI's format, bearer-key auth (:mod:`.judge`, :mod:`.grader`; not a WeKnora route), and a rule-based question
+  generator (:mod:`.generator`)
 - ``POST /v1/embeddings``: the version's embedding model in OpenAI's format (:mod:`.embeddings_api`; not a
   WeKnora route), for the vector-store trace of ``weknora-nb check`` and for a WeKnora's embedding model
 - ``POST /v1/rerank``: the sandbox's rerank model in the format WeKnora's remote reranker calls
@@ -51,7 +52,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as StarletteRoute
 
 from weknora_nb.core.errors import UsageError
-from weknora_nb.sandbox import auth
+from weknora_nb.sandbox import auth, generator
 from weknora_nb.sandbox import embedding_groups as groups
 from weknora_nb.sandbox.agent import chat_settings
 from weknora_nb.sandbox.auth import AuthMiddleware, KeyRing, principal_of
@@ -201,7 +202,7 @@ class SandboxApp:
         self.faults = FaultInjector(faults or FaultConfig())
         self.answers: AnswerMemory[bytes] = AnswerMemory(SEARCH_CACHE_SIZE)
         self.keys = KeyRing(api_key, api_keys)
-        self.judge = RuleGrader(self.keys)  # the rule-based judge and relevance grader
+        self.judge = RuleGrader(self.keys, {generator.MODEL: generator.reply})  # judge, relevance grader, generator
         self.embeddings = EmbeddingsEndpoint(self.keys, engine, self.faults)
         self.reranker = RerankEndpoint(self.keys, engine, self.faults)
         self.started = time.time()

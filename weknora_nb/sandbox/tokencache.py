@@ -1,6 +1,6 @@
 """Token lists of the knowledge base's texts, kept on disk beside the passage embeddings.
 
-Every process that serves a sandbox builds its BM25 corpora (:func:`~weknora_nb.sandbox.tokenize.tokenize`)
+Every process that serves a sandbox builds its BM25 corpora (:func:`~weknora_nb.core.tokenize.tokenize`)
 and MMR's token sets (:func:`~weknora_nb.sandbox.textutil.simple_tokens`) from the chunks' texts with
 jieba, which is pure Python and slow, paid again by each of the demo's worker processes and each test
 process. :class:`TokenCache` keeps each text's tokens in
@@ -12,7 +12,7 @@ demo's is written by ``weknora-nb sandbox build --write-seed``, beside its embed
 neither tokenized nor written to the cache folder, so a fresh machine's first demo tokenizes nothing.
 
 The ``version`` is the SHA-256 of jieba's and cppjieba-py-dat's versions and of the source of the tokenizer modules
-(``tokenize.py``, ``textutil.py``): a change to either is a new file, never a stale token (a seed of another
+(``core/tokenize.py``, ``textutil.py``): a change to either is a new file, never a stale token (a seed of another
 version is not read). A file that cannot be read is ignored (a warning) and written anew; two processes
 writing at once may drop each other's new entries (each file is written whole, atomically), which are then
 tokenized again.
@@ -33,21 +33,21 @@ from weknora_nb.core.files import atomic_path
 
 log = logging.getLogger(__name__)
 
-#: the modules whose source decides the tokens (beside jieba's version)
-_SOURCES = ("tokenize.py", "textutil.py")
+#: the modules whose source decides the tokens (beside jieba's version), in the order they are hashed
+_SOURCES = (Path(__file__).parents[1] / "core" / "tokenize.py", Path(__file__).parent / "textutil.py")
 
 
 @cache
 def tokenizer_version() -> str:
     """SHA-256 (16 hex digits) of jieba's and cppjieba-py-dat's versions (the BM25 tokenizer's and TokenizeSimple's
-    segmenters) and the source of the sandbox's tokenizer modules."""
+    segmenters) and the source of the tokenizer modules (:data:`_SOURCES`)."""
     from importlib.metadata import version
 
     import jieba
 
     h = hashlib.sha256(f"jieba {jieba.__version__} cppjieba-py-dat {version('cppjieba-py-dat')}".encode())
-    for name in _SOURCES:
-        h.update((Path(__file__).parent / name).read_bytes())
+    for source in _SOURCES:
+        h.update(source.read_bytes())
     return h.hexdigest()[:16]
 
 

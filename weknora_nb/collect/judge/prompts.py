@@ -135,7 +135,7 @@ PAIRWISE_SCHEMA: dict[str, Any] = {
     "properties": {"better": {"enum": list(_VERDICTS)}, "reason": {"type": "string"}}}
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
     """The one JSON object ``text`` is (a Markdown fence around it tolerated), else :class:`InvalidReply`."""
     body = text.strip()
     fenced = _FENCE.match(body)
@@ -169,7 +169,8 @@ def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _keys(obj: dict[str, Any], wanted: tuple[str, ...], where: str) -> None:
+def exact_keys(obj: dict[str, Any], wanted: tuple[str, ...], where: str) -> None:
+    """An :class:`InvalidReply` of kind ``schema`` unless ``obj`` holds exactly the keys ``wanted``."""
     missing, extra = [k for k in wanted if k not in obj], sorted(set(obj) - set(wanted))
     if missing or extra:
         said = "; ".join(([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else []))
@@ -193,14 +194,14 @@ def parse_scores(text: str, *, reference_given: bool = True) -> dict[str, dict[s
     Without a reference answer correctness's score must be null or an integer 1-5, and is kept as None
     (no reference, no correctness).
     """
-    obj = _json_object(text)
-    _keys(obj, CRITERIA, "the reply")
+    obj = json_object(text)
+    exact_keys(obj, CRITERIA, "the reply")
     out: dict[str, dict[str, Any]] = {}
     for c in CRITERIA:
         item = obj[c]
         if not isinstance(item, dict):
             raise InvalidReply("schema", f"{c} is not an object with score and reason")
-        _keys(item, ("score", "reason"), c)
+        exact_keys(item, ("score", "reason"), c)
         if not isinstance(item["reason"], str):
             raise InvalidReply("schema", f"{c}.reason is not a string")
         unjudged = c == "correctness" and not reference_given
@@ -212,8 +213,8 @@ def parse_scores(text: str, *, reference_given: bool = True) -> dict[str, dict[s
 def parse_verdict(text: str) -> dict[str, str]:
     """``{"better": "1" | "2" | "tie", "reason": "..."}`` read from a pairwise reply, or :class:`InvalidReply`
     (``better`` given as the number 1 or 2 is read as "1" or "2")."""
-    obj = _json_object(text)
-    _keys(obj, ("better", "reason"), "the reply")
+    obj = json_object(text)
+    exact_keys(obj, ("better", "reason"), "the reply")
     better = obj["better"]
     if isinstance(better, int) and not isinstance(better, bool):
         better = str(better)

@@ -38,7 +38,7 @@ from weknora_nb.collect.judge.calls import Answered, Ask, Job, cache_key, failur
 from weknora_nb.collect.judge.llm import LLMSettings
 from weknora_nb.collect.judge.manifest import JudgeSpec, describe_judge
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome, prompt_language
-from weknora_nb.collect.judge.prompts import InvalidReply, Prompt, _json_object, _keys, load_prompt
+from weknora_nb.collect.judge.prompts import InvalidReply, Prompt, exact_keys, json_object, load_prompt
 from weknora_nb.collect.judge.runner import execute
 from weknora_nb.core.errors import UsageError
 from weknora_nb.core.grades import GRADE_KEYS, GRADES_FILE, PURPOSES, manifest_path
@@ -56,8 +56,8 @@ GRADE_DEFAULTS: dict[str, Any] = {"repeats": 1, "temperature": 0.0, "max_tokens"
 def parse_grade(text: str) -> dict[str, Any]:
     """``{"grade": 0-3, "reason": "..."}`` read from a reply, or :class:`InvalidReply` (an integral float such as
     2.0 counts, as in JSON Schema; 4, -1, 2.5 are ``out_of_range``; a grade that is no number is ``schema``)."""
-    obj = _json_object(text)
-    _keys(obj, ("grade", "reason"), "the reply")
+    obj = json_object(text)
+    exact_keys(obj, ("grade", "reason"), "the reply")
     grade = obj["grade"]
     if isinstance(grade, bool) or not isinstance(grade, int | float):
         raise InvalidReply("schema", f"grade is {json.dumps(grade, ensure_ascii=False)[:40]}, not a number")

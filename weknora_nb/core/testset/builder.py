@@ -40,7 +40,8 @@ class Builder:
 
     #: column -> Arrow type (the query columns, then the label columns)
     _TYPES = {"line": pa.int64(), "query_id": TEXT, "query": TEXT, "query_type": TEXT, "answer": TEXT,
-              "weight": pa.int64(), "tags": pa.list_(TEXT), "n_labelled": pa.int64(), "n_relevant": pa.int64(),
+              "weight": pa.int64(), "source": TEXT, "overlap": pa.float64(), "tags": pa.list_(TEXT),
+              "n_labelled": pa.int64(), "n_relevant": pa.int64(),
               "label_query": TEXT, "chunk_id": TEXT, "grade": pa.int8()}
 
     def __init__(self, path: str, where: str, problems: list[Problem] | None = None):
@@ -114,13 +115,13 @@ class Builder:
         """This batch's records, column by column, into Arrow arrays."""
         if not self._rows:
             return
-        line, qid, _, text, cids, grades, qtype, tags, answer, weight = zip(*self._rows, strict=True)
+        line, qid, _, text, cids, grades, qtype, tags, answer, weight, source, overlap = zip(*self._rows, strict=True)
         self._rows = []
         n_lab = np.fromiter(map(len, grades), np.int64, len(grades))
         grade = np.fromiter(chain.from_iterable(grades), np.int8, int(n_lab.sum()))
         label_q = np.repeat(np.arange(len(grades), dtype=np.int64), n_lab)   # each label's query in the batch
         columns = {"line": line, "query_id": qid, "query": text, "query_type": qtype, "answer": answer,
-                   "weight": weight, "tags": tags,
+                   "weight": weight, "source": source, "overlap": overlap, "tags": tags,
                    "n_labelled": n_lab, "n_relevant": np.bincount(label_q, weights=grade > 0,
                                                                   minlength=len(grades)).astype(np.int64),
                    "chunk_id": list(chain.from_iterable(cids)), "grade": grade}
@@ -167,6 +168,8 @@ class Builder:
             "tags": pd.Series(pd.arrays.ArrowExtensionArray(self._column("tags"))),
             "answer": _series(self._column("answer")),
             "weight": self._column("weight").to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get),
+            "source": _series(self._column("source")),
+            "overlap": self._column("overlap").to_numpy(zero_copy_only=False).astype(float),
             "n_labelled": self._column("n_labelled").to_numpy(),
             "n_relevant": n_rel, "valid": n_rel > 0,
         })

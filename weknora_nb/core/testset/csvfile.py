@@ -2,9 +2,9 @@
 record a row.
 
 ``relevant`` is JSON text (``{"a": 3}``) or ``id:grade;id:grade``; ``tags`` a JSON list or names
-separated by ``;`` or ``,`` (:mod:`weknora_nb.core.testset.parsing`). Quoting is strict: a malformed record
-is a problem and ends the file, and a quote opened and never closed is named at the line where its field
-starts. A column named twice in the header is a problem (the last would silently win).
+separated by ``;`` or ``,``; ``overlap`` a decimal number (:mod:`weknora_nb.core.testset.parsing`). Quoting is
+strict: a malformed record is a problem and ends the file, and a quote opened and never closed is named at the
+line where its field starts. A column named twice in the header is a problem (the last would silently win).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from weknora_nb.core.errors import Problem, TestSetError
 from weknora_nb.core.testset.builder import Builder
 from weknora_nb.core.testset.model import TestSet
-from weknora_nb.core.testset.parsing import parse_relevant_text, parse_tags_text
+from weknora_nb.core.testset.parsing import parse_number_text, parse_relevant_text, parse_tags_text
 from weknora_nb.core.testset.textfile import read_lines
 from weknora_nb.core.testset.validate import KNOWN_FIELDS, REQUIRED
 
@@ -56,6 +56,8 @@ def load_csv(path: Path) -> TestSet:
         obj["relevant"] = rel
         if "tags" in obj:
             obj["tags"] = parse_tags_text(obj["tags"])
+        if "overlap" in obj:
+            obj["overlap"] = parse_number_text(obj["overlap"])
         builder.put(lineno, obj, check_text=any("\\u" in v for v in row))
     return TestSet.from_builder(builder)
 

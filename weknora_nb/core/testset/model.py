@@ -42,7 +42,9 @@ class TestSet:
     queries : DataFrame
         One row per query: ``query_id``, ``query``, ``query_type`` (or missing),
         ``tags`` (a list of str per query, held as an Arrow list column), ``answer`` (or
-        missing), ``weight`` (nullable Int64: the traffic weight, or missing), ``n_labelled``
+        missing), ``weight`` (nullable Int64: the traffic weight, or missing), ``source`` (where the query
+        came from, or missing) and ``overlap`` (float, NaN when missing: a generated query's lexical
+        overlap with its source chunk, docs/method.md section 17), ``n_labelled``
         (chunks with a grade, 0 included), ``n_relevant`` (chunks with grade >= 1), ``valid``.
         Text columns are pandas' default string dtype.
     qrels : DataFrame
@@ -106,8 +108,8 @@ class TestSet:
 
         Covers query ids, query texts, every label (grade 0 included), query types and
         tags; independent of file format, record order and key order. Reference
-        answers are not covered: editing one does not change what retrieval is scored
-        against, so runs stay comparable.
+        answers, traffic weights, sources and overlaps are not covered: editing one does not
+        change what retrieval is scored against, so runs stay comparable.
 
         The digest is SHA-256 of the UTF-8 JSON text (``ensure_ascii=False``, separators
         ``,`` and ``:``) of the list, sorted by query id, of ``[query_id, query,
@@ -130,13 +132,17 @@ class TestSet:
         q = self.queries
         relevant = _relevant_dicts(q, self.qrels, self.label_rows)
         out = []
-        cols = q[["query_id", "query", "query_type", "tags", "answer", "weight"]].itertuples(index=False, name=None)
-        for (qid, text, qtype, tags, answer, weight), rel in zip(cols, relevant, strict=True):
+        q = q.assign(**{c: None for c in ("source", "overlap") if c not in q})   # frames given by hand may lack them
+        cols = q[["query_id", "query", "query_type", "tags", "answer", "weight", "source", "overlap"]].itertuples(
+            index=False, name=None)
+        for (qid, text, qtype, tags, answer, weight, source, overlap), rel in zip(cols, relevant, strict=True):
             out.append({"query_id": qid, "query": text, "relevant": rel,
                         "query_type": qtype if isinstance(qtype, str) else None,
                         "tags": list(tags) if isinstance(tags, (list, tuple, np.ndarray)) else [],
                         "answer": answer if isinstance(answer, str) else None,
-                        "weight": None if pd.isna(weight) else int(weight)})
+                        "weight": None if pd.isna(weight) else int(weight),
+                        "source": source if isinstance(source, str) else None,
+                        "overlap": None if overlap is None or pd.isna(overlap) else float(overlap)})
         return out
 
     def subset(self, query_ids: Iterable[str]) -> TestSet:

@@ -1,5 +1,5 @@
 """Record values written as text: JSON that keeps a key written twice, labels written as text (a CSV cell, a
-Parquet text column: ``{"a": 3}`` or ``a:3;b:1``), tags written as text.
+Parquet text column: ``{"a": 3}`` or ``a:3;b:1``), tags written as text, an overlap written as text.
 
 Nothing collapses silently: a JSON object whose text repeats a key is read as a :class:`Repeated` dict
 that keeps every pair as written, so that the record check (:mod:`weknora_nb.core.testset.validate`)
@@ -20,6 +20,8 @@ Bad = Callable[[str | None, str], None]
 
 #: an integer grade written as text (at most 18 digits: what int64 holds)
 GRADE_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
+#: a decimal number written as text (``0.83``, ``1``, ``.5``)
+NUMBER_TEXT = re.compile(r"[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18}")
 
 
 class Repeated(dict):
@@ -111,3 +113,11 @@ def parse_tags_text(text: Any) -> Any:
         val = parse_json(t, lambda *_: None, "tags")
         return t if val is NOT_JSON else val  # validation reports it
     return [x.strip() for x in t.replace(",", ";").split(";") if x.strip()]
+
+
+def parse_number_text(text: Any) -> Any:
+    """A decimal number written as text (a CSV cell's overlap, ``0.83``) as a float; anything else as it is
+    (the record's check reports it)."""
+    if isinstance(text, str) and NUMBER_TEXT.fullmatch(text.strip()):
+        return float(text.strip())
+    return text

@@ -9,6 +9,9 @@ A record (docs/method.md section 1) is sound when
 - ``tags``, when given, is a list of strings that strip to something; ``answer``, when given, a string;
 - ``weight``, when given, is an integer from :data:`MIN_WEIGHT` to :data:`MAX_WEIGHT` (integral floats
   accepted);
+- ``source``, when given, is a string that strips to something (where the query came from: ``traffic`` for
+  ``testset sample``, :data:`SYNTHETIC` for ``testset generate``); ``overlap``, when given, a finite number
+  from 0 to 1 (the share of the query's tokens found in its source chunk, docs/method.md section 17);
 - no key is written twice, and no text holds an unpaired surrogate (JSON's ``\\ud800``: not text).
 
 Two checks apply these rules and must agree:
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 GRADES = (0, 1, 2, 3)
 #: a traffic weight (how often the query was asked): an integer from 1 to what int64 holds
 MIN_WEIGHT, MAX_WEIGHT = 1, 2**63 - 1
-KNOWN_FIELDS = {"query_id", "query", "relevant", "query_type", "tags", "answer", "weight"}
+#: the ``source`` of a generated query (docs/method.md section 17), and of one sampled from real traffic
+SYNTHETIC, TRAFFIC = "synthetic", "traffic"
+KNOWN_FIELDS = {"query_id", "query", "relevant", "query_type", "tags", "answer", "weight", "source", "overlap"}
 REQUIRED = ("query_id", "query", "relevant")
 SAME_ONCE_STRIPPED = "are the same id once surrounding whitespace is removed"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -78,6 +83,15 @@ def _weight(value: Any) -> int | None | bool:
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_WEIGHT <= value <= MAX_WEIGHT:
         return False
     return value
+
+
+def _overlap(value: Any) -> float | None | bool:
+    """A lexical overlap: None when absent, a float from 0 to 1 (integers 0 and 1 accepted), False when bad."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:  # NaN fails too
+        return False
+    return float(value)
 
 
 def log_ignored_fields(obj: dict, path: str, where: str, line: int) -> None:
@@ -248,8 +262,8 @@ def _check_answer(answer: Any, bad: Bad, check_text: bool) -> bool:
 
 def check_record(obj: Any, bad: Bad, check_text: bool = True) -> tuple | None:
     """Check one raw record: ``(query_id, id as written, query, chunk ids, grades, query_type, tags, answer,
-    weight)``, or None (problems given to ``bad(field, message)``). ``check_text=False``: the strings cannot
-    hold an unpaired surrogate (they were decoded from UTF-8 or come from Arrow)."""
+    weight, source, overlap)``, or None (problems given to ``bad(field, message)``). ``check_text=False``: the
+    strings cannot hold an unpaired surrogate (they were decoded from UTF-8 or come from Arrow)."""
     if not isinstance(obj, dict):
         bad(None, f"expected a JSON object, got {type(obj).__name__}")
         return None
@@ -266,10 +280,16 @@ def check_record(obj: Any, bad: Bad, check_text: bool = True) -> tuple | None:
     if weight is False:
         bad("weight", f"must be an integer >= 1 (how often the query was asked), got {show(obj.get('weight'))}")
         ok = False
-    if not (ok and ok_text and ok_type) or qid is None or labels is None:
+    ok_source, source = _check_text(obj, "source", bad, check_text, False)
+    overlap = _overlap(obj.get("overlap"))
+    if overlap is False:
+        bad("overlap", f"must be a number from 0 to 1 (the share of the query's tokens found in its source chunk), "
+                       f"got {show(obj.get('overlap'))}")
+        ok = False
+    if not (ok and ok_text and ok_type and ok_source) or qid is None or labels is None:
         return None
     tags = [t.strip() for t in tags] if tags else tags
-    return qid[0], qid[1], text, labels[0], labels[1], qtype, tags, obj.get("answer"), weight
+    return qid[0], qid[1], text, labels[0], labels[1], qtype, tags, obj.get("answer"), weight, source, overlap
 
 
 # -- many records at once ---------------------------------------------------------------
@@ -372,6 +392,21 @@ def _bulk_tags(tags: list[Any]) -> pa.Array | None:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, TEXT))
 
 
+def _bulk_overlap(values: list[Any]) -> pa.Array | None:
+    """The overlap column (float64, null where none is given) when each value is None or a number from 0 to 1
+    (not a bool), else None."""
+    types = set(map(type, values))
+    if types == {_NONE}:
+        return pa.nulls(len(values), pa.float64())
+    if not types <= {float, int, _NONE}:
+        return None
+    arr = pa.array([None if v is None else float(v) for v in values], pa.float64())
+    if arr.null_count < len(arr) and not (pc.min(arr).as_py() >= 0 and pc.max(arr).as_py() <= 1
+                                          and not pc.any(pc.is_nan(arr)).as_py()):
+        return None
+    return arr
+
+
 def bulk_columns(objs: list[Any]) -> dict[str, Any] | None:
     """The builder's columns (Arrow arrays) of many records checked at once, when every record is plainly
     sound: exactly what :func:`check_record` keeps of each, with no problem to report. None when any
@@ -391,10 +426,10 @@ def bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | N
     try:
         ids, text = _bulk_ids(field("query_id")), _bulk_text(field("query"), optional=False)
         labels = _bulk_labels(field("relevant"))
-        qtype = _bulk_text(field("query_type"), optional=True)
-        answer, weight = field("answer"), field("weight")
-        if ids is None or text is None or labels is None or qtype is None or not set(map(type, answer)) <= {
-                str, _NONE} or not set(map(type, weight)) <= {int, _NONE}:
+        qtype, source = _bulk_text(field("query_type"), optional=True), _bulk_text(field("source"), optional=True)
+        answer, weight, overlap = field("answer"), field("weight"), _bulk_overlap(field("overlap"))
+        if ids is None or text is None or labels is None or qtype is None or source is None or overlap is None \
+                or not set(map(type, answer)) <= {str, _NONE} or not set(map(type, weight)) <= {int, _NONE}:
             return None
         tags = _bulk_tags(field("tags"))
         if tags is None:
@@ -404,6 +439,7 @@ def bulk_fields(field: Callable[[str], list[Any]], n: int) -> dict[str, Any] | N
         weights = pa.array(weight, pa.int64())
         cols = {"query_id": pa.array(ids[0], TEXT), "query": pa.array(text, TEXT),
                 "query_type": pa.array(qtype, TEXT), "answer": pa.array(answer, TEXT), "weight": weights,
+                "source": pa.array(source, TEXT), "overlap": overlap,
                 "tags": tags, "chunk_id": labels[1]}
     except (UnicodeEncodeError, ValueError, OverflowError, pa.ArrowException):
         return None
