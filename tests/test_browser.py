@@ -255,7 +255,8 @@ def small_run(root: Path) -> Path:
 def test_the_stage_dropdown_of_the_metrics_notebook_changes_the_figure(lab, browser):
     run = small_run(lab.root)
     with_parameters(notebooks_dir() / "02_metrics.ipynb", lab.root / "02_metrics.ipynb", run_dir=str(run),
-                    stage=None, metrics=None, resamples=50, domain_adjustment=0.0, interactive=True)
+                    stage=None, metrics=None, resamples=50, domain_adjustment=0.0, grades=None,
+                    interactive=True)
     with notebook_page(browser, lab, "02_metrics.ipynb") as page:
         select = page.locator(".widget-dropdown select")
         select.wait_for()

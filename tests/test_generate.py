@@ -280,7 +280,7 @@ def test_the_sandbox_generator_follows_its_rules_and_says_what_it_is(sandbox):
     import httpx
     with httpx.Client(base_url=sandbox.base_url, headers={"Authorization": f"Bearer {KEY}"}) as c:
         models = [m["id"] for m in c.get("/v1/models").json()["data"]]
-        assert models == ["sandbox-rule-judge", "sandbox-rule-generator"]
+        assert models == ["sandbox-rule-judge", "sandbox-rule-grader", "sandbox-rule-generator"]
         r = c.post("/v1/chat/completions", json={"model": "sandbox-rule-generator", "messages": [
             {"role": "system", "content": "中文"}, {"role": "user", "content": "你好"}]})
         assert r.status_code == 400 and "sandbox-rule-generator" in r.json()["error"]["message"]

@@ -211,7 +211,7 @@ def test_the_sandbox_grades_a_pool_offline_and_says_it_is_no_language_model(tmp_
     assert all(c["usage"] == "reported" for r in out.records for c in r["calls"])
     listed = {m["id"] for m in __import__("httpx").get(sandbox.base_url + "/v1/models",
                                                          headers={"Authorization": f"Bearer {KEY}"}).json()["data"]}
-    assert listed == {"sandbox-rule-judge", GRADER}
+    assert listed == {"sandbox-rule-judge", GRADER, "sandbox-rule-generator"}
 
 
 def test_items_of_a_pool_keep_the_query_and_chunk_text(tmp_path, runs):

@@ -161,7 +161,7 @@ def _few(chunks: list[Chunk], answers: dict[str, list[str]]) -> RetrievalEngine:
 @pytest.mark.contract("C115")
 def test_a_chat_that_finds_too_little_searches_the_variants_too():
     chunks = [Chunk(id=f"d:{k:03d}", knowledge_id="d", knowledge_title="文档", chunk_index=k * 2,
-                    content=f"第{k}块 " + " ".join(f"词{k}x{j}" for j in range(90)), heading_path=(), start_at=0,
+                    content=f"第{k}块 " + " ".join(f"w{k}x{j}" for j in range(90)), heading_path=(), start_at=0,
                     end_at=10) for k in range(4)]
     query = "如何配置限流"
     variants = expand_queries(query)
