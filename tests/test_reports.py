@@ -433,6 +433,16 @@ def test_the_demo_end_to_end(demo_from_wheel):
     page = (out / "reports" / "coldstart" / "03_stratify.html").read_text(encoding="utf-8")
     for said in ("By source", "not a language model", "Keyword minus vector", "synthetic"):
         assert said in page
+    # the parent-child version: its final stage scored as the user sees it, beside its results' own ids (02), and
+    # the queries degraded under one scoring only (04)
+    assert 'href="parent-child/index.html"' in text
+    page = (out / "reports" / "parent-child" / "02_metrics.html").read_text(encoding="utf-8")
+    assert re.search(r"\d+ of \d+ results of stage final show chunks besides their own id", page)
+    assert "own ids only" in page and "recall@50" in page
+    page = (out / "reports" / "parent-child" / "04_degraded.html").read_text(encoding="utf-8")
+    assert re.search(r"At stage final, \d+ queries change sides|No result of stage final shows", page)
+    page = (out / "reports" / "baseline" / "02_metrics.html").read_text(encoding="utf-8")
+    assert "No result of this run shows chunks besides its own id" in page or "results of stage" in page
     # the version whose HNSW graph is built sparse (m 4) is seen missing through its index at a low ef_search
     # (0.85 at ef_search 10 on these queries; 0.995 when the trace's searches ran on generic plans, exact ones)
     sweep = json.loads((out / "runs" / "hnsw-m4" / "vector_trace.json").read_text(encoding="utf-8"))["sweep"]
