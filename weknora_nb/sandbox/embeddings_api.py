@@ -17,10 +17,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from weknora_nb.core.jsontext import json_bytes
-from weknora_nb.sandbox.judge import estimate_tokens
+from weknora_nb.sandbox.judge import bad_request, estimate_tokens
 
 if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
@@ -36,10 +36,6 @@ RATE_LIMITED_BODY = json_bytes({"error": {"message": "Rate limit reached (inject
 #: how WeKnora's embedding client reports it (embedding/openai.go:226-233 @ v0.7.2; recording 80, C121)
 EMBEDDING_FAILURE = f"EmbedBatch API error: Http Status 429 Too Many Requests, Response: {RATE_LIMITED_BODY.decode()}"
 
-
-def _error(status: int, message: str, code: str | None = None) -> Response:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": code}}, status_code=status)
 
 
 class EmbeddingsEndpoint:
@@ -58,21 +54,22 @@ class EmbeddingsEndpoint:
         """Embed the inputs (module docstring); 401 without a sandbox key, 400 for a bad body, 404 another model."""
         header = request.headers.get("authorization", "")
         if not (header.startswith("Bearer ") and self.keys.lookup(header[7:].strip()) is not None):
-            return _error(401, "Incorrect API key provided", "invalid_api_key")
+            return bad_request(401, "Incorrect API key provided", code="invalid_api_key")
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError:
-            return _error(400, "the body is not JSON")
+            return bad_request(400, "the body is not JSON")
         if not isinstance(body, dict):
-            return _error(400, "the body must be a JSON object")
+            return bad_request(400, "the body must be a JSON object")
         inputs = self._inputs(body.get("input"))
         if inputs is None:
-            return _error(400, f"input must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty strings")
+            return bad_request(400, f"input must be a non-empty string or a list of 1 to {MAX_INPUTS} non-empty "
+                               "strings")
         if body.get("model") != self.model:
-            return _error(404, f"The model {body.get('model')!r} does not exist; the sandbox embeds with "
-                          f"{self.model!r}", "model_not_found")
+            return bad_request(404, f"The model {body.get('model')!r} does not exist; the sandbox embeds with "
+                               f"{self.model!r}", code="model_not_found")
         if body.get("encoding_format", "float") != "float":
-            return _error(400, "encoding_format must be 'float' (the sandbox does not send base64)")
+            return bad_request(400, "encoding_format must be 'float' (the sandbox does not send base64)")
         if self.faults is not None and self.faults.roll(self.faults.cfg.embedding_error_rate,
                                                         request.scope.get("state", {}).get("fault_rng")):
             return Response(RATE_LIMITED_BODY, status_code=429, media_type="application/json")

@@ -188,6 +188,11 @@ def error_response(status: int, message: str, kind: str, code: str | None = None
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
 
 
+def bad_request(status: int, message: str, *, code: str | None = None) -> Response:
+    """:func:`error_response` of type ``invalid_request_error`` (a 4xx the client caused)."""
+    return error_response(status, message, "invalid_request_error", code)
+
+
 def completion_response(text: str, messages: list[dict[str, Any]], model: str, fingerprint: str) -> Response:
     """A chat completion in OpenAI's form whose reply is ``text``; ``usage`` by weknora-nb's estimate rule."""
     prompt_tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 3

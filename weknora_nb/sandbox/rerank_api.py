@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from weknora_nb.core.jsontext import json_bytes
 from weknora_nb.sandbox.embedders import E5Embedder
-from weknora_nb.sandbox.judge import estimate_tokens
+from weknora_nb.sandbox.judge import bad_request, estimate_tokens
 
 if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
@@ -43,10 +43,6 @@ RERANK_API_MODELS = {"multilingual-e5-small-q4": E5Embedder.name}
 #: documents per request
 MAX_DOCUMENTS = 1000
 
-
-def _error(status: int, message: str, code: str | None = None) -> Response:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                   "code": code}}, status_code=status)
 
 
 class RerankEndpoint:
@@ -62,23 +58,24 @@ class RerankEndpoint:
         500 when the fault ``rerank_error_rate`` rolls."""
         header = request.headers.get("authorization", "")
         if not (header.startswith("Bearer ") and self.keys.lookup(header[7:].strip()) is not None):
-            return _error(401, "Incorrect API key provided", "invalid_api_key")
+            return bad_request(401, "Incorrect API key provided", code="invalid_api_key")
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError:
-            return _error(400, "the body is not JSON")
+            return bad_request(400, "the body is not JSON")
         if not isinstance(body, dict) or not isinstance(body.get("query"), str) or not body["query"].strip():
-            return _error(400, "the body must be a JSON object with a non-empty string query")
+            return bad_request(400, "the body must be a JSON object with a non-empty string query")
         documents = self._documents(body.get("documents"))
         if documents is None:
-            return _error(400, f"documents must be a list of 1 to {MAX_DOCUMENTS} strings (or objects with a text)")
+            return bad_request(400, f"documents must be a list of 1 to {MAX_DOCUMENTS} strings (or objects with a "
+                               "text)")
         model = body.get("model")
         if model not in RERANK_API_MODELS:
-            return _error(404, f"The model {model!r} does not exist; the sandbox reranks with "
-                          f"{', '.join(sorted(RERANK_API_MODELS))}", "model_not_found")
+            return bad_request(404, f"The model {model!r} does not exist; the sandbox reranks with "
+                               f"{', '.join(sorted(RERANK_API_MODELS))}", code="model_not_found")
         top_n = body.get("top_n")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
-            return _error(400, "top_n must be a non-negative integer")
+            return bad_request(400, "top_n must be a non-negative integer")
         if self.faults is not None and self.faults.roll(self.faults.cfg.rerank_error_rate,
                                                         request.scope.get("state", {}).get("fault_rng")):
             return JSONResponse({"error": {"message": "injected failure (sandbox fault)", "type": "server_error",

@@ -42,24 +42,21 @@ import pandas as pd
 from weknora_nb.collect.generate.prompts import load_prompts
 from weknora_nb.collect.generate.store import (
     CACHE_FILE,
+    LOCK_FILE,
     LOG_FILE,
     MANIFEST_FILE,
-    GenerateLock,
-    command_line,
-    now,
-    read_manifest,
     record_key,
     work_folder,
-    write_manifest,
 )
 from weknora_nb.collect.generate.work import Worker
 from weknora_nb.collect.http.client import ClientSettings, WeKnoraClient, server_address
 from weknora_nb.collect.http.retry import run_to_end
 from weknora_nb.collect.judge.calls import TOKEN_RULE, Asker, Budget, BudgetExhausted
 from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
+from weknora_nb.collect.judge.manifest import command_line, now, read_manifest, write_manifest
 from weknora_nb.collect.judge.options import JudgeOptions
 from weknora_nb.collect.judge.prompts import Prompt
-from weknora_nb.collect.judge.store import JudgeCache, JudgementLog, Key
+from weknora_nb.collect.judge.store import JudgeCache, JudgeLock, JudgementLog, Key, reopen_log
 from weknora_nb.collect.run.inventory import list_inventory
 from weknora_nb.core.errors import AuthFailed, NotFound, RequestFailed, RunExistsError, UsageError
 from weknora_nb.core.progress import progress_bar
@@ -144,7 +141,7 @@ async def _generate(settings: ClientSettings, kb_id: str, llm: LLMSettings | Non
             cache = JudgeCache(cache_path, read_only=True) if llm is not None else None
             return GenerationOutcome(out, True, estimate=_estimate(curator.plan(1, None), worker, calls, cache))
         assert llm is not None
-        with GenerateLock(folder):
+        with JudgeLock(folder, lock_file=LOCK_FILE, doing="written", again="the command"):
             client = LLMClient(llm)   # a missing key is a UsageError before anything is written
             cache = JudgeCache(cache_path)
             try:
@@ -215,14 +212,7 @@ def _open_log(folder: Path, journal: JudgementLog, description: dict[str, Any],
                              f"temperature {previous.get('temperature')}, prompts "
                              f"{sorted(previous.get('prompts', {}))}); pass --replace to discard it and generate "
                              "again (the cache keeps the replies)")
-    if calls.replace and done:
-        done = {}
-        journal.rewrite([])
-    elif calls.retry_failed and any(r["status"] == "failed" for r in done.values()):
-        done = {k: r for k, r in done.items() if r["status"] != "failed"}
-        journal.rewrite(done.values())
-    journal.open()
-    return done
+    return reopen_log(journal, done, replace=calls.replace, retry_failed=calls.retry_failed)
 
 
 def _start(folder: Path, settings: ClientSettings, kb_id: str, description: dict[str, Any], options: GenerateOptions,

@@ -35,10 +35,10 @@ from weknora_nb.collect.generate.prompts import (
     parse_questions,
     passages,
 )
-from weknora_nb.collect.generate.store import now
 from weknora_nb.collect.http.client import WeKnoraClient
 from weknora_nb.collect.judge.calls import Answered, Ask, Asker, cache_key
 from weknora_nb.collect.judge.llm import LLMSettings
+from weknora_nb.collect.judge.manifest import now
 from weknora_nb.collect.judge.options import JudgeOptions
 from weknora_nb.collect.judge.prompts import Prompt
 from weknora_nb.collect.judge.store import JudgementLog, Key

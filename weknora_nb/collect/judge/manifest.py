@@ -81,8 +81,8 @@ def start_manifest(spec: JudgeSpec, options: JudgeOptions) -> dict[str, Any]:
     """The manifest of a run that starts (``running``), written; the command line with its URLs redacted."""
     manifest = {"mode": spec.mode, "run": str(spec.run_dir), "judgements": spec.log_path.name,
                 "judge": spec.description, "repeats": options.repeats, "concurrency": options.concurrency,
-                "status": "running", "started_at": _now(), "command": _command()}
-    _write_json(spec.manifest_path, manifest)
+                "status": "running", "started_at": now(), "command": command_line()}
+    write_manifest(spec.manifest_path, manifest)
     return manifest
 
 
@@ -98,28 +98,31 @@ def end_manifest(spec: JudgeSpec, manifest: dict[str, Any], outcome: JudgeOutcom
     if status == "done":
         status = "stopped_by_max_cost" if outcome.stopped_by_max_cost else \
             "complete" if outcome.complete else "incomplete"
-    manifest.update(status=status, ended_at=_now(), served_models=models,
+    manifest.update(status=status, ended_at=now(), served_models=models,
                     rule_based=any(m in RULE_MODELS for m in models),
                     dropped_parameters=sorted(client.dropped), notes=notes, counts=outcome.counts(), ledger=ledger)
-    _write_json(spec.manifest_path, manifest)
+    write_manifest(spec.manifest_path, manifest)
 
 
 def stopped_manifest(spec: JudgeSpec, manifest: dict[str, Any], status: str, why: str) -> None:
     """The manifest of a run that stopped before its end (``interrupted``, ``failed``): why, and when."""
-    manifest.update(status=status, stopped_by=why[:500], ended_at=_now())
-    _write_json(spec.manifest_path, manifest)
+    manifest.update(status=status, stopped_by=why[:500], ended_at=now())
+    write_manifest(spec.manifest_path, manifest)
 
 
-def _command() -> list[str]:
+def command_line() -> list[str]:
+    """This process's command line with its URLs' secrets redacted."""
     from weknora_nb.collect.http.redact import redact_command
 
     return redact_command(sys.argv)
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_manifest(path: Path, obj: Any) -> None:
+    """Write the JSON ``obj`` to ``path`` atomically (the whole file or nothing)."""
     with writing(path), atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, ensure_ascii=False, indent=2)
 
 
-def _now() -> str:
+def now() -> str:
+    """The time now, UTC, ISO 8601 to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")

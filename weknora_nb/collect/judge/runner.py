@@ -16,15 +16,29 @@ judgements still to make would cost.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from weknora_nb.collect.judge.calls import TOKEN_RULE, Answered, Asker, Budget, BudgetExhausted, Job, group
 from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
-from weknora_nb.collect.judge.manifest import JudgeSpec, end_manifest, read_manifest, start_manifest, stopped_manifest
+from weknora_nb.collect.judge.manifest import (
+    JudgeSpec,
+    end_manifest,
+    now,
+    read_manifest,
+    start_manifest,
+    stopped_manifest,
+)
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome
-from weknora_nb.collect.judge.store import CACHE_FILE, JudgeCache, JudgeLock, JudgementLog, Key, record_key
+from weknora_nb.collect.judge.store import (
+    CACHE_FILE,
+    JudgeCache,
+    JudgeLock,
+    JudgementLog,
+    Key,
+    record_key,
+    reopen_log,
+)
 from weknora_nb.core.errors import AuthFailed, NotFound, RunExistsError, UsageError
 from weknora_nb.core.progress import progress_bar
 
@@ -95,14 +109,7 @@ def _open_log(spec: JudgeSpec, judgement_log: JudgementLog, options: JudgeOption
         raise RunExistsError(f"{spec.log_path} holds judgements by another judge (model {old.get('model')!r}, prompt "
                              f"{old.get('prompt_version')}, temperature {old.get('temperature')}); pass --replace to "
                              "discard them and judge again (the cache keeps the replies of both)")
-    if options.replace and done:
-        done = {}
-        judgement_log.rewrite([])
-    elif options.retry_failed and any(r["status"] == "failed" for r in done.values()):
-        done = {k: r for k, r in done.items() if r["status"] != "failed"}
-        judgement_log.rewrite(done.values())
-    judgement_log.open()
-    return done
+    return reopen_log(judgement_log, done, replace=options.replace, retry_failed=options.retry_failed)
 
 
 async def _work(todo: list[Job], asker: Asker, judgement_log: JudgementLog, done: dict[Key, dict[str, Any]],
@@ -171,7 +178,7 @@ def _record(names: tuple[str, ...], key: Key, body: dict[str, Any], answers: lis
     return {**dict(zip(names, key, strict=True)), **body, **meta,
             "cached": shared or all(a.cached for a in answers), "calls": calls,
             "cost": sum(c["cost"] for c in calls), "model": next((a.model for a in answers if a.model), None),
-            "at": _now()}
+            "at": now()}
 
 
 def _estimate(jobs: list[Job], done: dict[Key, dict[str, Any]], options: JudgeOptions,
@@ -194,7 +201,3 @@ def _estimate(jobs: list[Job], done: dict[Key, dict[str, Any]], options: JudgeOp
 
 def _progress_bar(total: int, mode: str) -> Any:
     return progress_bar(total=total, desc=f"judging ({mode})", unit="judgement")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -180,11 +180,15 @@ def read_judgements(path: str | Path) -> list[dict[str, Any]]:
 
 
 class JudgeLock(RunLock):
-    """One judge per run folder: the run-folder lock on ``.judge.lock`` (a refusal names the holder)."""
+    """One process at a time on a folder's LLM work: the run-folder lock on ``lock_file`` (default the judge's
+    ``.judge.lock``); a refusal names the holder and says what it is doing (``doing``: "judged") and what to run
+    again once it ends (``again``: "the judge")."""
 
-    def __init__(self, run_dir: str | Path, command: list[str] | None = None):
+    def __init__(self, run_dir: str | Path, command: list[str] | None = None, *, lock_file: str = LOCK_FILE,
+                 doing: str = "judged", again: str = "the judge"):
         super().__init__(run_dir, command)
-        self.path = self.run_dir / LOCK_FILE
+        self.path = self.run_dir / lock_file
+        self.doing, self.again = doing, again
 
     def acquire(self) -> None:
         try:
@@ -193,5 +197,19 @@ class JudgeLock(RunLock):
             h = exc.holder
             who = f"pid {h.get('pid', '?')} on host {h.get('host', '?')} since {h.get('started_at', '?')}" if h \
                 else "another process"
-            raise RunLockedError(f"{self.run_dir} is being judged by {who}; wait until it ends, or stop it, then "
-                                 "run the judge again (it goes on where it stopped)", h) from None
+            raise RunLockedError(f"{self.run_dir} is being {self.doing} by {who}; wait until it ends, or stop it, "
+                                 f"then run {self.again} again (it goes on where it stopped)", h) from None
+
+
+def reopen_log(log: JudgementLog, done: dict[Key, dict[str, Any]], *, replace: bool,
+               retry_failed: bool) -> dict[Key, dict[str, Any]]:
+    """The records of ``log`` to keep (``done``, as read): none with ``replace``, the failed ones dropped with
+    ``retry_failed``; the log rewritten to hold just those, then open for appending."""
+    if replace and done:
+        done = {}
+        log.rewrite([])
+    elif retry_failed and any(r["status"] == "failed" for r in done.values()):
+        done = {k: r for k, r in done.items() if r["status"] != "failed"}
+        log.rewrite(done.values())
+    log.open()
+    return done
