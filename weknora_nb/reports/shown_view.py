@@ -67,8 +67,9 @@ def _explain(table: pd.DataFrame) -> str:
             f"{at['own_ids']:.3f}.")
     falls = table[table["difference"] < 0]
     if len(falls):
-        names = ", ".join(dict.fromkeys(falls["metric"]))
-        text += (f" Lower as shown: {names}. A result that shows a parent of n children takes n + 1 positions, so a "
+        where = "; ".join(f"at {stage}: {', '.join(dict.fromkeys(group['metric']))}"
+                          for stage, group in falls.groupby("stage", sort=False))
+        text += (f" Lower as shown {where}. A result that shows a parent of n children takes n + 1 positions, so a "
                  "relevant chunk the next result shows moves down: at a small K the as-shown figure can fall below "
                  f"the own-id one. Read it at a K that covers the results ({COVERING}) and beside the own-id figure.")
     return text
