@@ -116,7 +116,7 @@ def audit(run: Run) -> list[AuditFinding]:
             out.append(_rerank_threshold(stage, rows, st, source, run))
             out += _path_thresholds(stage, rows, st, source, config, single_path=None)
             out.append(_top_k(stage, rows, "rerank_top_k", st.rerank_top_k, source, "C43"))
-            out.append(_empty_final(stage, rows, res, defs))
+            out.append(_empty_final(stage, rows, res, defs, st.rerank_threshold))
         elif st.source == REQUEST and endpoint in ("hybrid-search", None):
             params = definition.get("params") or {}
             single = ("vector" if params.get("disable_keywords_match") and not params.get("disable_vector_match")
@@ -326,16 +326,17 @@ def _collapsed(stage: str, rows: pd.DataFrame, source: str) -> AuditFinding:
                         len(flat), "lists", examples, _queries(flat.index.get_level_values(0)))
 
 
-def _empty_final(stage: str, rows: pd.DataFrame, res: pd.DataFrame,
-                 defs: dict[str, dict[str, Any]]) -> AuditFinding:
-    """``final_empty_retrieval_found``: empty knowledge-search lists of queries a hybrid stage found hits for."""
+def _empty_final(stage: str, rows: pd.DataFrame, res: pd.DataFrame, defs: dict[str, dict[str, Any]],
+                 threshold: float | None) -> AuditFinding:
+    """``final_empty_retrieval_found``: empty knowledge-search lists of queries a hybrid stage found hits for
+    (``threshold``: the stage's rerank threshold, shown as the setting concerned)."""
     name, setting = "final_empty_retrieval_found", "rerank_threshold"
     hybrid = [s for s, d in defs.items() if d.get("endpoint") == "hybrid-search"
               and not (d.get("params") or {}).get("disable_keywords_match")
               and not (d.get("params") or {}).get("disable_vector_match")]
     source = "the hybrid-search stage of the same query and repeat"
     if not hybrid:
-        return AuditFinding(name, NOT_CHECKED, stage, setting, None, source,
+        return AuditFinding(name, NOT_CHECKED, stage, setting, threshold, source,
                             "not checked: the run has no hybrid-search stage with both paths", unit="lists")
     lists = rows.groupby(["query_id", "repeat"], observed=True)["chunk_id"].apply(lambda c: c.notna().any())
     empty = lists[~lists]
@@ -350,7 +351,7 @@ def _empty_final(stage: str, rows: pd.DataFrame, res: pd.DataFrame,
                    f"or the tenant's retrieval thresholds, stricter than the hybrid stage's request ({hp}), emptied "
                    "them (#713, #2391).")
     examples = [f"{q} (repeat {int(r)}): {int(found[(q, r)])} hybrid hits, no final result" for q, r in both[:EXAMPLES]]
-    return AuditFinding(name, FINDING if both else CLEAN, stage, setting, None, source, detail, len(lists),
+    return AuditFinding(name, FINDING if both else CLEAN, stage, setting, threshold, source, detail, len(lists),
                         len(both), "lists", examples, _queries(q for q, _ in both))
 
 

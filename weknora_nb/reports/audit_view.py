@@ -50,7 +50,7 @@ def degraded_audit(run: Run, stage: str, degraded: Iterable[str], *,
         said = (f"No check finds a result of stage {stage} that contradicts its settings"
                 + (f" ({', '.join(dict.fromkeys(checked))})." if checked else " (no check could run)."))
         return HTML(safe.text(said + not_run))
-    rows = [{"finding": f.name, "setting": f.setting, "value": f.value, "queries concerned": len(f.queries),
+    rows = [{"finding": f.name, "setting": f.setting, "value": _shown(f.value), "queries concerned": len(f.queries),
              "of them degraded": len(ids.intersection(f.queries)),
              "degraded examples": ", ".join(sorted(ids.intersection(f.queries))[:10]), "what it means": f.detail}
             for f in hits]
@@ -81,5 +81,13 @@ def _findings_table(hits: list[AuditFinding]) -> pd.DataFrame:
 
 def _table(found: list[AuditFinding], columns: list[str]) -> pd.DataFrame:
     """``columns`` of the findings, examples joined by ``; ``."""
-    rows = [{c: ("; ".join(f.examples) if c == "examples" else getattr(f, c)) for c in columns} for f in found]
+    rows = [{c: ("; ".join(f.examples) if c == "examples" else _shown(f.value) if c == "value" else getattr(f, c))
+             for c in columns} for f in found]
     return pd.DataFrame(rows, columns=columns)
+
+
+def _shown(value: object) -> str:
+    """A setting's value as text: ``-`` when there is none, a number as short as it is."""
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
