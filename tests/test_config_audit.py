@@ -201,3 +201,32 @@ def test_a_sandbox_tenant_with_a_high_rerank_threshold(tmp_path):
     assert found(run, "final_empty_retrieval_found").status == CLEAN   # the best model score is never below 0.15
     assert found(run, "rerank_scores_collapsed").status == CLEAN       # the sandbox's reranker ranks
     assert found(run, "vector_below_threshold").status == NOT_CHECKED  # fused retrieval scores (C21)
+
+
+def test_weknora_lite_recorded_run_obeys_its_settings():
+    """A collection from a running WeKnora Lite v0.7.2 (tests/fixtures/sandbox_vs_weknora/lite, a tenant that never
+    saved a retrieval config, a rerank model registered): every knowledge-search result is at or above the assumed
+    0.2 threshold, and its fused retrieval scores leave the vector and keyword thresholds not checked."""
+    folder = Path(__file__).parent / "fixtures" / "sandbox_vs_weknora" / "lite"
+    ids = pd.read_parquet(folder / "results.parquet", columns=["query_id"])["query_id"].unique()
+    testset = TestSet.from_records([{"query_id": str(q), "query": str(q), "relevant": {"none": 1}} for q in ids])
+    run = load_run(folder, testset=testset, other_version=True, cache=False)
+    findings = audit(run)
+    assert not [f for f in findings if f.status == FINDING]
+    below = found(run, "rerank_below_threshold")
+    assert (below.status, below.checked, below.value) == (CLEAN, 291, 0.2) and "assumed" in below.detail
+    ignored = found(run, "keyword_threshold_ignored")   # SQLite ignores it (C99), and the scores are fused anyway
+    assert ignored.status == NOT_CHECKED and ignored.value == 0.3
+
+
+def test_v062_writes_no_model_score_and_the_chat_reranker_is_audited_for_collapse():
+    old = rows("final", "q0", [{"chunk_id": "c1", "score": 0.7, "base_score": 0.016}])
+    run = a_run(old, {"final": FINAL}, config=SAVED)
+    run.manifest["server"]["version"] = "v0.6.2"
+    f = found(run, "rerank_below_threshold")
+    assert f.status == NOT_CHECKED and "C39" in f.detail
+    chat = [r for i, q in enumerate(QUERIES[:5])
+            for r in rows("citations", q, [final_hit(f"c{i}a", 0.0001), final_hit(f"c{i}b", 0.0)])]
+    run = a_run(chat, {"citations": CHAT}, config=SAVED)
+    assert found(run, "rerank_scores_collapsed", "citations").status == FINDING
+    assert found(run, "settings", "citations").status == NOT_CHECKED
