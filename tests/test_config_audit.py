@@ -104,6 +104,13 @@ def test_vector_hits_below_the_vector_threshold_only_where_the_score_is_a_simila
     fused = rows("final", "q0", [final_hit("c1", 0.9), final_hit("c2", 0.8)])
     f = found(a_run(fused, {"final": FINAL}, config=SAVED), "vector_below_threshold")
     assert f.status == NOT_CHECKED and "fused (RRF)" in f.detail
+    # ... unless a vector-only stage scored the same query and chunk: c2's similarity 0.1 is below 0.15, yet the
+    # fused list holds it as a vector hit (match type 0: it came through the vector path)
+    plain = {"endpoint": "hybrid-search", "params": {"match_count": 50, "disable_keywords_match": True}}
+    measured = [*fused, *rows("vector", "q0", [{"chunk_id": "c1", "score": 0.7}, {"chunk_id": "c2", "score": 0.1}])]
+    f = found(a_run(measured, {"vector": plain, "final": FINAL}, config=SAVED), "vector_below_threshold")
+    assert (f.status, f.contradicting, f.checked) == (FINDING, 1, 2)
+    assert "c2 vector score at stage vector 0.1000 < 0.15" in f.examples[0]
     f = found(a_run(rows("hybrid", "q0", [{"chunk_id": "c1", "score": 0.01}]), {"hybrid": HYBRID}, config=SAVED),
               "vector_below_threshold", "hybrid")
     assert f.status == NOT_CHECKED and "sets no vector threshold" in f.detail
@@ -206,7 +213,7 @@ def test_a_sandbox_tenant_with_a_high_rerank_threshold(tmp_path):
 def test_weknora_lite_recorded_run_obeys_its_settings():
     """A collection from a running WeKnora Lite v0.7.2 (tests/fixtures/sandbox_vs_weknora/lite, a tenant that never
     saved a retrieval config, a rerank model registered): every knowledge-search result is at or above the assumed
-    0.2 threshold, and its fused retrieval scores leave the vector and keyword thresholds not checked."""
+    0.2 threshold, and every vector hit at or above the vector threshold."""
     folder = Path(__file__).parent / "fixtures" / "sandbox_vs_weknora" / "lite"
     ids = pd.read_parquet(folder / "results.parquet", columns=["query_id"])["query_id"].unique()
     testset = TestSet.from_records([{"query_id": str(q), "query": str(q), "relevant": {"none": 1}} for q in ids])
@@ -215,8 +222,13 @@ def test_weknora_lite_recorded_run_obeys_its_settings():
     assert not [f for f in findings if f.status == FINDING]
     below = found(run, "rerank_below_threshold")
     assert (below.status, below.checked, below.value) == (CLEAN, 291, 0.2) and "assumed" in below.detail
-    ignored = found(run, "keyword_threshold_ignored")   # SQLite ignores it (C99), and the scores are fused anyway
-    assert ignored.status == NOT_CHECKED and ignored.value == 0.3
+    # the final list's vector hits, scored by the vector stage for the same query: none below 0.15 (Lite v0.7.2
+    # applies the vector threshold, C99); its keyword hits (BM25 x 1e6 on SQLite) are far above 0.3, which SQLite
+    # ignores anyway
+    vector = found(run, "vector_below_threshold")
+    assert (vector.status, vector.checked) == (CLEAN, 253) and "at stage vector" in vector.detail
+    ignored = found(run, "keyword_threshold_ignored")
+    assert (ignored.status, ignored.value, ignored.checked) == (CLEAN, 0.3, 10)
 
 
 def test_v062_writes_no_model_score_and_the_chat_reranker_is_audited_for_collapse():

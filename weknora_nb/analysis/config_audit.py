@@ -15,7 +15,8 @@ knowledge-search, C29-C30) and checks every result against it. Each check gives 
 ``vector_below_threshold``      vector-path hits whose similarity is below the vector threshold (C19). A score is a
                                 similarity only when the list was not fused: a vector-only hybrid-search stage, or a
                                 vector hit (``match_type`` 0) whose retrieval score exceeds the largest RRF score
-                                ``(w_v + w_k) / (k + 1)`` (C21); a fused score says nothing of the similarity.
+                                ``(w_v + w_k) / (k + 1)`` (C21); a fused hit takes the similarity the run's
+                                vector-only stage gave the same query and chunk, else it is not checked.
 ``keyword_below_threshold``     the same for the keyword path where the engine applies the threshold (OpenSearch,
                                 C109); ``keyword_threshold_ignored`` where it does not (Postgres C19, SQLite C99,
                                 Weaviate, Elasticsearch: C109): the setting is not what the server runs.
@@ -104,6 +105,7 @@ def audit(run: Run) -> list[AuditFinding]:
     res = _ok_rows(run.results)
     config = effective_config(run.manifest.get("retrieval_config"))
     defs = run.stage_definitions
+    path_scores = _path_scores(res, defs)
     out: list[AuditFinding] = []
     for stage in _stages(run, res):
         rows = res[res["stage"] == stage]
@@ -114,7 +116,7 @@ def audit(run: Run) -> list[AuditFinding]:
         source = _source_text(st, definition)
         if st.source == KNOWLEDGE_SEARCH or endpoint == "knowledge-search":
             out.append(_rerank_threshold(stage, rows, st, source, run))
-            out += _path_thresholds(stage, rows, st, source, config, single_path=None)
+            out += _path_thresholds(stage, rows, st, source, config, None, path_scores)
             out.append(_top_k(stage, rows, "rerank_top_k", st.rerank_top_k, source, "C43"))
             out.append(_empty_final(stage, rows, res, defs, st.rerank_threshold))
         elif st.source == REQUEST and endpoint in ("hybrid-search", None):
@@ -122,7 +124,7 @@ def audit(run: Run) -> list[AuditFinding]:
             single = ("vector" if params.get("disable_keywords_match") and not params.get("disable_vector_match")
                       else "keyword" if params.get("disable_vector_match") and not params.get("disable_keywords_match")
                       else None)
-            out += _path_thresholds(stage, rows, st, source, config, single_path=single)
+            out += _path_thresholds(stage, rows, st, source, config, single, path_scores)
             mc = params.get("match_count")
             if isinstance(mc, (int, float)) and mc > 0:
                 out.append(_top_k(stage, rows, "match_count", int(mc), source, "C17"))
@@ -233,9 +235,33 @@ def _max_rrf(config: dict[str, Any] | None) -> float:
     return sum(weights) / (k + 1)
 
 
+def _path_scores(res: pd.DataFrame, defs: dict[str, dict[str, Any]]) -> dict[str, tuple[str, pd.Series]]:
+    """Per path (``vector``, ``keyword``), the first single-path hybrid-search stage of the run and its raw scores
+    by (query id, chunk id): the similarity (or BM25 score) of that chunk for that query, the same one the
+    knowledge-search and hybrid stages' paths saw (the same query text and embedding: knowledge-search does not
+    rewrite the query, C31). The largest over repeats (they agree: the scores are deterministic)."""
+    out: dict[str, tuple[str, pd.Series]] = {}
+    for stage, d in defs.items():
+        params = d.get("params") or {}
+        if d.get("endpoint") != "hybrid-search" or bool(params.get("disable_keywords_match")) == bool(
+                params.get("disable_vector_match")):
+            continue
+        path = "vector" if params.get("disable_keywords_match") else "keyword"
+        hits = _hits(res[res["stage"] == stage])
+        if path in out or not len(hits):
+            continue
+        keyed = hits.assign(chunk_id=hits["chunk_id"].astype(str)).dropna(subset=["score"])
+        out[path] = (stage, keyed.groupby(["query_id", "chunk_id"], observed=True)["score"].max())
+    return out
+
+
 def _path_thresholds(stage: str, rows: pd.DataFrame, st: StageSettings, source: str, config: dict[str, Any] | None,
-                     single_path: str | None) -> list[AuditFinding]:
-    """``vector_below_threshold`` and the keyword check of one stage (C19, C21, C109)."""
+                     single_path: str | None,
+                     path_scores: dict[str, tuple[str, pd.Series]] | None = None) -> list[AuditFinding]:
+    """``vector_below_threshold`` and the keyword check of one stage (C19, C21, C109). A hit's raw path score is its
+    own retrieval score when not fused, else the score a single-path stage of the run gave the same query and chunk
+    (``path_scores``, :func:`_path_scores`); a hit found by both paths is a vector hit (C21), so a ``match_type`` 0
+    hit came through the vector path and a ``match_type`` 1 hit through the keyword path alone."""
     hits = _hits(rows)
     knowledge = st.source == KNOWLEDGE_SEARCH
     # the retrieval score of a result: knowledge-search writes it as base_score after a rerank (C39)
@@ -244,6 +270,7 @@ def _path_thresholds(stage: str, rows: pd.DataFrame, st: StageSettings, source: 
         retrieval = pd.Series(np.nan, index=hits.index)
     tol = ROUNDING if knowledge else 1e-9
     limit = _max_rrf(config)
+    column = "base_score" if knowledge and hits["base_score"].notna().any() else "score"
     out = []
     for path, match, value in (("vector", 0, st.vector_threshold), ("keyword", 1, st.keyword_threshold)):
         setting = f"{path}_threshold"
@@ -260,28 +287,40 @@ def _path_thresholds(stage: str, rows: pd.DataFrame, st: StageSettings, source: 
         mt = pd.to_numeric(hits["match_type"], errors="coerce")
         on_path = hits.index[(mt == match).to_numpy()] if single_path is None else hits.index
         scores = retrieval.loc[on_path].dropna()
-        raw = scores if single_path is not None else scores[scores > limit + tol]
-        if not len(raw):
+        own = scores if single_path is not None else scores[scores > limit + tol]
+        # (score, what it is) of every hit whose raw path score is known
+        known = {i: (float(v), column) for i, v in own.items()}
+        other = (path_scores or {}).get(path) if single_path is None else None
+        if other is not None:
+            rest = hits.loc[[i for i in on_path if i not in known]]
+            keys = pd.MultiIndex.from_arrays([rest["query_id"].astype(str), rest["chunk_id"].astype(str)])
+            looked = pd.Series(other[1].reindex(keys).to_numpy(), index=rest.index).dropna()
+            known.update({i: (float(v), f"{path} score at stage {other[0]}") for i, v in looked.items()})
+        if not known:
             why = (f"no {path} hit carries a raw {path} score: every one's retrieval score is at most "
                    f"{limit:.4f}, the largest fused (RRF) score (C21), so it says nothing of the similarity"
-                   if len(scores) else f"no {path}-path hit with a retrieval score at this stage")
+                   + ("" if other is not None else f", and the run has no {path}-only stage to take it from")
+                   if len(on_path) else f"no {path}-path hit at this stage")
             out.append(AuditFinding(name, NOT_CHECKED, stage, setting, value, source, f"not checked: {why}"))
             continue
-        below = raw[raw < value - tol]
-        column = "base_score" if knowledge and hits["base_score"].notna().any() else "score"
-        examples = [_example(r, column, value) for r in hits.loc[below.index].head(EXAMPLES).itertuples()]
-        skipped = len(scores) - len(raw)
-        detail = (f"{len(below)} of {len(raw)} {path} hits with a raw {path} score are below the {path} threshold "
-                  f"{value:g}" + (f" ({skipped} fused scores not checked)" if skipped else "") + ".")
+        below = [i for i, (v, _) in known.items() if v < value - (tol if known[i][1] == column else 1e-9)]
+        examples = [f"{hits.at[i, 'query_id']} (repeat {int(hits.at[i, 'repeat'])}): {hits.at[i, 'chunk_id']} "
+                    f"{known[i][1]} {known[i][0]:.4f} < {value:g}" for i in below[:EXAMPLES]]
+        n_other = sum(1 for _, what in known.values() if what != column)
+        unknown = len(on_path) - len(known)
+        detail = (f"{len(below)} of {len(known)} {path}-path hits are below the {path} threshold {value:g}"
+                  + (f" ({n_other} scored by the same query and chunk at stage {other[0]}, the result's own score "
+                     "being fused)" if other is not None and n_other else "")
+                  + (f"; {unknown} fused scores of hits not at that stage not checked" if unknown else "") + ".")
         if note:
             detail += (f" The threshold is {note.split(', ', 1)[1]}: the setting is not what the server runs."
-                       if len(below) else "")
-        elif len(below):
+                       if below else "")
+        elif below:
             detail += " The server returned hits its threshold excludes (on WeKnora Lite before v0.7.2 the vector "\
                       "threshold is not applied, C99)." if path == "vector" else " The server returned hits its "\
                       "threshold excludes."
-        out.append(AuditFinding(name, FINDING if len(below) else CLEAN, stage, setting, value, source, detail,
-                                len(raw), len(below), "results", examples, _queries(hits.loc[below.index, "query_id"])))
+        out.append(AuditFinding(name, FINDING if below else CLEAN, stage, setting, value, source, detail,
+                                len(known), len(below), "results", examples, _queries(hits.loc[below, "query_id"])))
     return out
 
 
