@@ -242,3 +242,10 @@ def test_v062_writes_no_model_score_and_the_chat_reranker_is_audited_for_collaps
     run = a_run(chat, {"citations": CHAT}, config=SAVED)
     assert found(run, "rerank_scores_collapsed", "citations").status == FINDING
     assert found(run, "settings", "citations").status == NOT_CHECKED
+
+
+def test_named_documents_run_without_thresholds_so_they_are_not_checked():
+    scoped = {**FINAL, "params": {"knowledge_ids": ["doc-1"]}}
+    res = rows("final", "q0", [final_hit("c1", 0.9, base=0.05)])
+    f = found(a_run(res, {"final": scoped}, config=SAVED), "vector_below_threshold")
+    assert f.status == NOT_CHECKED and "C33" in f.detail

@@ -116,7 +116,13 @@ def audit(run: Run) -> list[AuditFinding]:
         source = _source_text(st, definition)
         if st.source == KNOWLEDGE_SEARCH or endpoint == "knowledge-search":
             out.append(_rerank_threshold(stage, rows, st, source, run))
-            out += _path_thresholds(stage, rows, st, source, config, None, path_scores)
+            if (definition.get("params") or {}).get("knowledge_ids"):
+                out += [AuditFinding(f"{p}_below_threshold", NOT_CHECKED, stage, f"{p}_threshold", None, source,
+                                     "not checked: the stage names documents (knowledge_ids), whose search runs "
+                                     "without thresholds from v0.7.2 and with a direct load at v0.6.x (C33)")
+                        for p in ("vector", "keyword")]
+            else:
+                out += _path_thresholds(stage, rows, st, source, config, None, path_scores)
             out.append(_top_k(stage, rows, "rerank_top_k", st.rerank_top_k, source, "C43"))
             out.append(_empty_final(stage, rows, res, defs, st.rerank_threshold))
         elif st.source == REQUEST and endpoint in ("hybrid-search", None):
