@@ -1,0 +1,54 @@
+"""Tables people read (weknora_nb.reports.cells through safe.table): blanks for missing values, 3 decimals,
+plain column names, text left-aligned with its line breaks, citations as chips, everything still escaped."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from weknora_nb.reports import cells, safe
+
+
+def cell_texts(html: str) -> list[str]:
+    return re.findall(r"<td[^>]*>(.*?)</td>", html)
+
+
+def test_missing_values_are_blank_and_floats_have_three_decimals():
+    df = pd.DataFrame({"a": [0.123456, np.nan, 1.5], "b": [None, "x", pd.NA], "n": pd.array([1, None, 3], "Int64"),
+                       "p_holm": [0.0002, 0.5, np.nan]})
+    html = safe.table(df)
+    texts = cell_texts(html)
+    for bad in ("None", "NaN", "nan", "&lt;NA&gt;", "<NA>"):
+        assert bad not in texts
+    assert "0.123" in texts and "1.500" in texts and "<0.001".replace("<", "&lt;") in texts
+    assert "<th>p (Holm)</th>" in html and "<th>n</th>" in html
+
+
+def test_text_is_escaped_left_aligned_with_line_breaks_and_citations_as_chips():
+    df = pd.DataFrame({"answer": ['<script>alert(1)</script>\nsecond line <kb doc="政策.md" chunk_id="c1" />'],
+                       "score": [0.5]})
+    html = safe.table(df)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;<br>second line" in html
+    assert '<span class="wk-cite" title="c1">政策.md</span>' in html
+    assert '<td class="wk-text">' in html and '<td class="wk-num">0.500</td>' in html
+    assert "\\n" not in html
+
+
+def test_a_citation_cannot_smuggle_markup_through_its_attributes():
+    html = safe.table(pd.DataFrame({"t": ['<kb doc="x&quot; onmouseover=&quot;a" chunk_id="<b>" />']}))
+    assert "<b>" not in html and "onmouseover=\"" not in html
+
+
+def test_an_interval_pair_reads_as_one_column_and_long_tables_collapse():
+    df = pd.DataFrame({"metric": ["m"] * 30, "ci_low": [0.1] * 30, "ci_high": [0.25] * 30})
+    html = safe.table(df, limit=10)
+    assert "<th>95 % CI</th>" in html and "[0.100, 0.250]" in html and "ci_low" not in html
+    assert html.count("<tr>") == 2 + 10 + 20 and "<details" in html and "the other 20 rows" in html
+
+
+def test_value_texts():
+    assert cells.value_text(True) == "yes" and cells.value_text([1, None, 2.0]) == "1, , 2"
+    assert cells.number(12345.678, 0) == "12,346" and cells.number(-0.0001) == ">-0.001"
+    assert cells.cut("abcdef", 4) == "abc…" and cells.cut(None, 4) == ""
