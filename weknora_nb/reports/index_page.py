@@ -4,12 +4,13 @@ overview linking every run's report. Every text from a run is escaped (:mod:`wek
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from weknora_nb.core.errors import writing
 from weknora_nb.core.pipeline import HEADLINE_METRIC
 from weknora_nb.reports.fonts import embed_font
+from weknora_nb.reports.pagehtml import TOP_INDEX
 from weknora_nb.reports.report import Report
 from weknora_nb.reports.safe import esc, href
 
@@ -82,6 +83,7 @@ def write_index(report: Report) -> Path:
     warns = "".join(f'<p class="warn">{e(w)}</p>' for w in [*h.get("failed", []), *h.get("warnings", [])])
     links = "".join(f'<li><a href="{href(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
+            f'<p><a href="{href(TOP_INDEX)}">all reports</a></p>'
             f"<h1>weknora-nb report: {e(report.run)}</h1><p>Stage <b>{e(h.get('stage', ''))}</b>; {e(counts)}</p>"
             f"{vs}{warns}<table><tr><th>metric</th><th>mean</th><th>tier</th></tr>{rows}</table>"
             f"<h2>Notebooks</h2><ul>{links}</ul></body></html>")
@@ -109,4 +111,24 @@ def write_overview(reports: list[Report], path: Path) -> Path:
     with writing(path):
         path.write_text(page, encoding="utf-8")
     embed_font([path])
+    return path
+
+
+#: the mark of a top index written by :func:`write_listing` (one :func:`write_overview` wrote is never replaced)
+LISTING_MARK = "<!-- weknora-nb: listing of the reports folder -->"
+
+
+def write_listing(out_root: Path) -> Path | None:
+    """``out_root/index.html``, the top index every page links to ("all reports"), as a list of the reports in
+    ``out_root`` (each folder holding an ``index.html``), when there is none yet or the one there is such a list
+    (the demo's overview, :func:`write_overview`, is left alone); None when left alone."""
+    path = out_root / "index.html"
+    if path.exists() and LISTING_MARK not in path.read_text(encoding="utf-8", errors="replace"):
+        return None
+    runs = sorted(p.parent.name for p in out_root.glob("*/index.html"))
+    items = "".join(f'<li><a href="{href(PurePosixPath(r, "index.html"))}">{esc(r)}</a></li>' for r in runs)
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
+            f"</head><body>{LISTING_MARK}<h1>weknora-nb reports</h1><ul>{items}</ul></body></html>")
+    with writing(path):
+        path.write_text(page, encoding="utf-8")
     return path
