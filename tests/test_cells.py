@@ -52,3 +52,42 @@ def test_value_texts():
     assert cells.value_text(True) == "yes" and cells.value_text([1, None, 2.0]) == "1, , 2"
     assert cells.number(12345.678, 0) == "12,346" and cells.number(-0.0001) == ">-0.001"
     assert cells.cut("abcdef", 4) == "abc…" and cells.cut(None, 4) == ""
+
+
+def drilldown_fixture() -> dict:
+    evil = "<img src=x onerror=alert(1)>"
+    labels = pd.DataFrame({"chunk_id": ["d:1", "d:2"], "grade": [3, 1], "content": [evil + "\n" + "长" * 300, "b"]})
+    top = pd.DataFrame({"rank": [1, 2], "chunk_id": ["d:9", "d:1"], "grade": [0, 3], "score": [0.91234, np.nan],
+                        "content": ["x", evil]})
+    return {"query_id": "q<1>", "query": "问题 " + evil, "answer": None, "labels": labels,
+            "returned": {"final": top, "vector": top.iloc[:1], "keyword": top},
+            "causes": [{"stage": "final", "causes": ["rerank demoted"], "evidence": [evil]}]}
+
+
+def test_a_drilldown_is_one_grid_in_pipeline_order_escaped_and_collapsible():
+    from weknora_nb.reports.drill_view import drilldown_html
+
+    html = drilldown_html(drilldown_fixture(), open_=False)
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert html.startswith('<details class="wk-drill" id="dd-q&lt;1&gt;"><summary>')   # collapsed
+    assert " open>" in drilldown_html(drilldown_fixture(), open_=True).split("<summary>")[0]
+    grid = html.split('class="dataframe wk-table wk-grid">')[1].split("</table>")[0]
+    assert re.findall(r"<th>(\w+)</th>", grid) == ["rank", "vector", "keyword", "final"]   # pipeline order
+    assert '<td class="wk-text wk-g3"' in grid and "★ d:1" in grid and "★ d:9" not in grid
+    assert "score 0.912" in grid and "NaN" not in html and "nan" not in cell_texts(html)
+    assert "rerank demoted" in html and "evidence (1)" in html
+
+
+def test_the_manifest_reads_as_a_summary_with_the_whole_manifest_collapsed():
+    from weknora_nb.reports.summary_view import manifest_html
+
+    manifest = {"run_name": "r<1>", "status": "complete",
+                "target": {"base_url": "http://h", "knowledge_base_ids": ["kb"]},
+                "testset": {"path": "t.jsonl", "n_queries": 3, "n_valid": 3, "hash": "sha256:abc"},
+                "stages": {"final": {"endpoint": "knowledge-search"}}, "counts": {"final": {"ok": 6}},
+                "retrieval_config": {"effective": {"vector_threshold": 0.15}}, "repeats": 2}
+    html = manifest_html(manifest, {"chunking.separators": ["\n\n", "。"], "run_name": "r<1>"})
+    summary, full = html.split("<details", 1)
+    assert "r&lt;1&gt; (complete)" in summary and "final (knowledge-search: ok 6)" in summary
+    assert "vector_threshold 0.150" in summary and "chunking.separators" not in summary
+    assert "the whole manifest (2 keys)" in full and "chunking.separators" in full and "\\n" not in html

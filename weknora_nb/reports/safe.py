@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import html
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -37,13 +37,15 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, raw: bool = False) -> str:
+def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, raw: bool = False,
+          fold: Mapping[str, int] | None = None) -> str:
     """``df`` as an HTML table, every cell, label and label name escaped.
 
     The cells read as :mod:`weknora_nb.reports.cells` says (``raw``: as :func:`str` gives them, for tables whose
     cells are already the text to show), number columns right-aligned and text left-aligned (class ``wk-num`` /
     ``wk-text``); ``index``: the row labels first; ``limit``: the rows past the first ``limit`` in a collapsed
-    block under the table (``<details>``), so that a long listing does not make the page long."""
+    block under the table (``<details>``), so that a long listing does not make the page long; ``fold``: column
+    name -> characters, a longer text of that column cut there, the whole of it in a collapsed block in its cell."""
     frame = df.reset_index() if index else df
     columns: list[tuple[str, list[str], bool]] = []
     names = list(frame.columns)
@@ -63,11 +65,20 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
     shown = n if limit is None or n <= limit else limit
     head = "<thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c, _, _ in columns) + "</tr></thead>"
 
+    folds = [(fold or {}).get(str(name)) for name in names if not (not raw and name == cells.CI_COLUMNS[1]
+                                                                      and cells.CI_COLUMNS[0] in names)]
+
+    def cell(text: str, limit: int | None) -> str:
+        if limit is None or len(text) <= limit:
+            return cells.markup(esc(text))
+        return (f'<details class="wk-cell"><summary>{cells.markup(esc(cells.cut(text, limit)))}</summary>'
+                f"{cells.markup(esc(text))}</details>")
+
     def body(rows: range) -> str:
         out = []
         for r in rows:
-            out.append("<tr>" + "".join(f'<td class="{"wk-num" if num else "wk-text"}">{cells.markup(esc(t[r]))}</td>'
-                                         for _, t, num in columns) + "</tr>")
+            out.append("<tr>" + "".join(f'<td class="{"wk-num" if num else "wk-text"}">{cell(t[r], lim)}</td>'
+                                         for (_, t, num), lim in zip(columns, folds, strict=True)) + "</tr>")
         return "<tbody>" + "".join(out) + "</tbody>"
     html_out = f'<table class="dataframe wk-table">{head}{body(range(shown))}</table>'
     if shown < n:

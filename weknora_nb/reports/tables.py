@@ -100,26 +100,6 @@ def counts_table(scores: Scores) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["what", "count"])
 
 
-def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
-    """One degraded query: labelled chunks vs what each stage returned, all text escaped."""
-    def clip(s: Any) -> str:
-        s = "" if s is None or (isinstance(s, float) and np.isnan(s)) else str(s)
-        return s if len(s) <= max_chars else s[:max_chars] + "…"
-    parts = [f"<h4>{esc(dd['query_id'])}: {esc(dd['query'])}</h4>"]
-    if dd.get("answer"):
-        parts.append(f"<p><b>Reference answer:</b> {esc(dd['answer'])}</p>")
-    for c in dd["causes"]:
-        parts.append(f"<p><b>{esc(c['stage'])}</b>: {esc(', '.join(c['causes']) or 'no cause found')}"
-                     f"</p>{safe.bullets(c['evidence'])}")
-    shown = [c for c in ("chunk_id", "grade", "integrity", "content") if c in dd["labels"].columns]  # integrity: wn
-    lab = dd["labels"][shown].assign(content=lambda d: d["content"].map(clip))
-    parts.append("<p><b>Labelled chunks</b></p>" + html_table(lab))
-    for stage, top in dd["returned"].items():
-        t = top[["rank", "chunk_id", "grade", "score", "content"]].assign(content=lambda d: d["content"].map(clip))
-        parts.append(f"<p><b>{esc(stage)}</b> returned</p>" + html_table(t))
-    return "\n".join(parts)
-
-
 def failed_stages(scores: Scores) -> dict[str, dict[str, int]]:
     """Each stage none of whose requests succeeded -> its requests by status (:meth:`Scores.failed_stages`)."""
     return scores.failed_stages()
