@@ -91,3 +91,16 @@ def test_the_manifest_reads_as_a_summary_with_the_whole_manifest_collapsed():
     assert "r&lt;1&gt; (complete)" in summary and "final (knowledge-search: ok 6)" in summary
     assert "vector_threshold 0.150" in summary and "chunking.separators" not in summary
     assert "the whole manifest (2 keys)" in full and "chunking.separators" in full and "\\n" not in html
+
+
+def test_row_labels_are_row_headers_and_a_default_index_is_not_shown():
+    named = pd.DataFrame({"final": [1, 0]}, index=pd.Index(["unexplained", "<b>x</b>"], name=None))
+    html = safe.table(named, index=True)
+    assert '<th>unexplained</th>' in html and "<th></th>" in html and "<b>x" not in html
+    plain = safe.table(pd.DataFrame({"a": [1]}), index=True)
+    assert "<th>index</th>" not in plain and plain.count("<th>") == 1 and "<td class=\"wk-num\">1</td>" in plain
+
+
+def test_a_citation_cut_off_at_the_end_is_dropped():
+    assert cells.markup(safe.esc('answer <kb doc="a.md" chunk_id="c1" /> then <kb doc="b.md" chunk_i…')) == (
+        'answer <span class="wk-cite" title="c1">a.md</span> then …')

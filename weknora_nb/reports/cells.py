@@ -129,6 +129,8 @@ def interval_texts(low: pd.Series, high: pd.Series) -> list[str]:
 
 #: WeKnora's citation markup as it reads once escaped: ``&lt;kb doc=&quot;...&quot; ... /&gt;``
 _CITATION = re.compile(r"&lt;kb\s+((?:[\w-]+=(?:&quot;|&#x27;).*?(?:&quot;|&#x27;)\s*)+)/?&gt;")
+#: a citation cut off at the end of a text cut short (``&lt;kb doc=&quot;x&quot; chunk_i…``): dropped
+_CUT_CITATION = re.compile(r"&lt;kb\b(?:(?!&gt;).)*$", re.DOTALL)
 _ATTRIBUTE = re.compile(r"([\w-]+)=(?:&quot;|&#x27;)(.*?)(?:&quot;|&#x27;)")
 
 
@@ -140,9 +142,11 @@ def _chip(match: re.Match[str]) -> str:
 
 
 def markup(escaped: str) -> str:
-    """Escaped text made readable: line breaks as ``<br>`` and citations as chips. Only what escaping produced is
-    rewritten (the attribute values a chip shows are the escaped text itself)."""
-    return _CITATION.sub(_chip, escaped).replace("\r\n", "\n").replace("\n", "<br>")
+    """Escaped text made readable: line breaks as ``<br>`` and citations as chips (a citation cut off at the end of
+    a shortened text is dropped, ``…`` in its place). Only what escaping produced is rewritten (the attribute values
+    a chip shows are the escaped text itself)."""
+    chipped = _CUT_CITATION.sub("…", _CITATION.sub(_chip, escaped))
+    return chipped.replace("\r\n", "\n").replace("\n", "<br>")
 
 
 def cut(text: Any, limit: int) -> str:

@@ -43,13 +43,19 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
 
     The cells read as :mod:`weknora_nb.reports.cells` says (``raw``: as :func:`str` gives them, for tables whose
     cells are already the text to show), number columns right-aligned and text left-aligned (class ``wk-num`` /
-    ``wk-text``); ``index``: the row labels first; ``limit``: the rows past the first ``limit`` in a collapsed
+    ``wk-text``); ``index``: the row labels first, as row headers (``<th>``; a default 0, 1, 2... index is not
+    shown, an unnamed level has a blank column name); ``limit``: the rows past the first ``limit`` in a collapsed
     block under the table (``<details>``), so that a long listing does not make the page long; ``fold``: column
     name -> characters, a longer text of that column cut there, the whole of it in a collapsed block in its cell."""
-    frame = df.reset_index() if index else df
+    levels = 0 if not index or (df.index.name is None and type(df.index).__name__ == "RangeIndex") else df.index.nlevels
+    frame = df.reset_index(allow_duplicates=True) if levels else df
     columns: list[tuple[str, list[str], bool]] = []
     names = list(frame.columns)
     for i, name in enumerate(names):
+        if i < levels:
+            label = "" if df.index.names[i] is None else cells.plain_name(name)
+            columns.append((label, [cells.value_text(v) for v in frame.iloc[:, i]], False))
+            continue
         if raw:
             columns.append((str(name), ["" if cells.is_missing(v) else str(v) for v in frame.iloc[:, i]], False))
             continue
@@ -77,8 +83,13 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
     def body(rows: range) -> str:
         out = []
         for r in rows:
-            out.append("<tr>" + "".join(f'<td class="{"wk-num" if num else "wk-text"}">{cell(t[r], lim)}</td>'
-                                         for (_, t, num), lim in zip(columns, folds, strict=True)) + "</tr>")
+            tds = []
+            for j, ((_, t, num), lim) in enumerate(zip(columns, folds, strict=True)):
+                if j < levels:   # a row header: left-aligned like every header
+                    tds.append(f"<th>{cell(t[r], lim)}</th>")
+                else:
+                    tds.append(f'<td class="{"wk-num" if num else "wk-text"}">{cell(t[r], lim)}</td>')
+            out.append("<tr>" + "".join(tds) + "</tr>")
         return "<tbody>" + "".join(out) + "</tbody>"
     html_out = f'<table class="dataframe wk-table">{head}{body(range(shown))}</table>'
     if shown < n:
