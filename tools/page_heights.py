@@ -1,10 +1,11 @@
 """Read report pages as an analyst's browser shows them: headless Chromium (Playwright, the system's
 ``chromium``) at 1280 px wide, each page's height, title, navigation header, table cells that read ``None``,
-``NaN``, ``<NA>`` or a literal ``\\n``, and code cells shown.
+``NaN``, ``<NA>`` or a literal ``\\n`` (outside code the knowledge base's own text holds: Markdown code
+fences and spans, shown as written), and code cells shown.
 
     python tools/page_heights.py outputs/reports/rerank/*.html [--json]
 
-Used by tests/test_report_pages.py (the same checks on the pages of a rendered report)."""
+Used by tests/report_pages.py (the browser tests of tests/test_reports.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,21 @@ from typing import Any
 WIDTH = 1280
 #: what a table cell never reads (whole cell), and what no cell holds anywhere in it
 BAD_CELLS = ("None", "NaN", "nan", "NaT", "<NA>")
-BAD_PARTS = ("NaN", "<NA>", "\\n")
+BAD_PARTS = ("NaN", "<NA>", "\\n", "nan [", "[nan", "nan]")
 
 _READ = """() => {
-  const cells = Array.from(document.querySelectorAll('td, th')).map(c => c.textContent.trim());
-  const bad = cells.filter(t => BAD_CELLS.includes(t) || BAD_PARTS.some(p => t.includes(p)));
+  const noCode = t => t.replace(/```[\\s\\S]*?(```|$)/g, '').replace(/`[^`\\n]*`/g, '');
+  const segments = c => {   // a folded cell: its cut text and its whole text, each on its own
+    const fold = c.querySelector('details.wk-cell');
+    if (!fold) return [c.textContent];
+    const rest = Array.from(fold.childNodes).filter(n => n.nodeName !== 'SUMMARY').map(n => n.textContent).join('');
+    return [fold.querySelector('summary').textContent, rest];
+  };
+  const isBad = c => {
+    const t = c.textContent.trim();
+    return BAD_CELLS.includes(t) || segments(c).some(s => BAD_PARTS.some(p => noCode(s).includes(p)));
+  };
+  const bad = Array.from(document.querySelectorAll('td, th')).filter(isBad).map(c => c.textContent.trim());
   const code = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea'))
                     .filter(e => e.offsetParent !== null).length;
   const nav = document.querySelector('nav.wk-nav');

@@ -50,6 +50,14 @@ def metric_table(scores: Scores, *, resamples: int = 2000, seed: int = 0) -> pd.
     return table
 
 
+def _mean_and_interval(mean: Any, low: Any, high: Any) -> str:
+    """``0.564 [0.512, 0.611]`` (:func:`weknora_nb.reports.cells.number`); blank parts for missing values."""
+    from weknora_nb.reports.cells import number
+
+    interval = f" [{number(low)}, {number(high)}]" if number(low) and number(high) else ""
+    return number(mean) + interval if number(mean) else ""
+
+
 def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) -> Styler:
     """Stages x metrics, ``mean [low, high]`` in each cell, coloured by tier (a legend in the caption).
 
@@ -63,7 +71,7 @@ def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) 
     else:
         table = table.assign(tier=[tier(m, v, domain_adjustment) for m, v in
                                    zip(table["metric"], table["mean"], strict=True)])
-    cells = table.assign(text=[f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
+    cells = table.assign(text=[_mean_and_interval(m, lo, hi) for m, lo, hi in
                                zip(table["mean"], table["ci_low"], table["ci_high"], strict=True)])
     text = cells.pivot(index="stage", columns="metric", values="text")
     tiers = cells.pivot(index="stage", columns="metric", values="tier")
