@@ -104,3 +104,10 @@ def test_row_labels_are_row_headers_and_a_default_index_is_not_shown():
 def test_a_citation_cut_off_at_the_end_is_dropped():
     assert cells.markup(safe.esc('answer <kb doc="a.md" chunk_id="c1" /> then <kb doc="b.md" chunk_i…')) == (
         'answer <span class="wk-cite" title="c1">a.md</span> then …')
+
+
+def test_anchored_cells_link_to_a_fragment_of_the_page_only():
+    html = safe.table(pd.DataFrame({"query_id": ["q<1>", "javascript:alert(1)", None], "n": [1, 2, 3]}),
+                      anchors={"query_id": "dd-"})
+    assert '<a href="#dd-q%3C1%3E">q&lt;1&gt;</a>' in html and '<a href="#dd-javascript%3Aalert%281%29">' in html
+    assert html.count("<a ") == 2   # a blank cell links nowhere

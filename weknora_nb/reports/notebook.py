@@ -116,9 +116,11 @@ def bullets(items: Iterable[Any], *, empty: str = "", bold: bool = True) -> HTML
     return HTML(safe.bullets(items, bold=bold) if items else safe.text(empty))
 
 
-def table(df: pd.DataFrame, *, index: bool = False) -> HTML:
-    """A DataFrame shown as an escaped HTML table (:func:`safe.table`); ``index``: show its row labels."""
-    return HTML(safe.table(df, index=index))
+def table(df: pd.DataFrame, *, index: bool = False, anchors: dict[str, str] | None = None) -> HTML:
+    """A DataFrame shown as an escaped HTML table (:func:`safe.table`); ``index``: show its row labels;
+    ``anchors``: column -> id prefix, its cells linking to those elements of the page (04: ``{"query_id": "dd-"}``,
+    each degraded query to its drill-down)."""
+    return HTML(safe.table(df, index=index, anchors=anchors))
 
 
 def show_html(html: str) -> HTML:

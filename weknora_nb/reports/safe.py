@@ -38,7 +38,7 @@ def esc(value: Any) -> str:
 
 
 def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, raw: bool = False,
-          fold: Mapping[str, int] | None = None) -> str:
+          fold: Mapping[str, int] | None = None, anchors: Mapping[str, str] | None = None) -> str:
     """``df`` as an HTML table, every cell, label and label name escaped.
 
     The cells read as :mod:`weknora_nb.reports.cells` says (``raw``: as :func:`str` gives them, for tables whose
@@ -46,7 +46,9 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
     ``wk-text``); ``index``: the row labels first, as row headers (``<th>``; a default 0, 1, 2... index is not
     shown, an unnamed level has a blank column name); ``limit``: the rows past the first ``limit`` in a collapsed
     block under the table (``<details>``), so that a long listing does not make the page long; ``fold``: column
-    name -> characters, a longer text of that column cut there, the whole of it in a collapsed block in its cell."""
+    name -> characters, a longer text of that column cut there, the whole of it in a collapsed block in its cell;
+    ``anchors``: column name -> prefix, each cell of that column a link to the element of the page whose id is the
+    prefix and the cell's text (``query_id`` -> ``#dd-q0004``, percent-encoded: a fragment, never a scheme)."""
     levels = 0 if not index or (df.index.name is None and type(df.index).__name__ == "RangeIndex") else df.index.nlevels
     frame = df.reset_index(allow_duplicates=True) if levels else df
     columns: list[tuple[str, list[str], bool]] = []
@@ -74,7 +76,12 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
     folds = [(fold or {}).get(str(name)) for name in names if not (not raw and name == cells.CI_COLUMNS[1]
                                                                       and cells.CI_COLUMNS[0] in names)]
 
-    def cell(text: str, limit: int | None) -> str:
+    targets = [(anchors or {}).get(str(name)) for name in names if not (not raw and name == cells.CI_COLUMNS[1]
+                                                                         and cells.CI_COLUMNS[0] in names)]
+
+    def cell(text: str, limit: int | None, target: str | None = None) -> str:
+        if target is not None and text:
+            return f'<a href="{esc("#" + quote(target + text, safe=""))}">{esc(text)}</a>'
         if limit is None or len(text) <= limit:
             return cells.markup(esc(text))
         return (f'<details class="wk-cell"><summary>{cells.markup(esc(cells.cut(text, limit)))}</summary>'
@@ -84,11 +91,11 @@ def table(df: pd.DataFrame, *, index: bool = False, limit: int | None = None, ra
         out = []
         for r in rows:
             tds = []
-            for j, ((_, t, num), lim) in enumerate(zip(columns, folds, strict=True)):
+            for j, ((_, t, num), lim, to) in enumerate(zip(columns, folds, targets, strict=True)):
                 if j < levels:   # a row header: left-aligned like every header
                     tds.append(f"<th>{cell(t[r], lim)}</th>")
                 else:
-                    tds.append(f'<td class="{"wk-num" if num else "wk-text"}">{cell(t[r], lim)}</td>')
+                    tds.append(f'<td class="{"wk-num" if num else "wk-text"}">{cell(t[r], lim, to)}</td>')
             out.append("<tr>" + "".join(tds) + "</tr>")
         return "<tbody>" + "".join(out) + "</tbody>"
     html_out = f'<table class="dataframe wk-table">{head}{body(range(shown))}</table>'
