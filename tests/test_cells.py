@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from weknora_nb.reports import cells, safe
 
@@ -111,3 +112,14 @@ def test_anchored_cells_link_to_a_fragment_of_the_page_only():
                       anchors={"query_id": "dd-"})
     assert '<a href="#dd-q%3C1%3E">q&lt;1&gt;</a>' in html and '<a href="#dd-javascript%3Aalert%281%29">' in html
     assert html.count("<a ") == 2   # a blank cell links nowhere
+
+
+@pytest.mark.parametrize(("delta", "said"), [(70.0, "70 ms slower than the baseline: weigh the gain against"),
+                                             (-70.0, "70 ms faster than the baseline."),
+                                             (0.2, "as fast as the baseline")])
+def test_the_latency_line_of_a_recommendation_says_faster_or_slower_as_the_sign_says(delta, said):
+    from weknora_nb.analysis.compare import latency_line
+
+    line = latency_line(425.0, delta)
+    assert line.startswith("- Latency p95 425 ms") and said in line
+    assert ("slower" in line) == (delta >= 1) and ("faster" in line) == (delta <= -1)
