@@ -442,7 +442,9 @@ def test_the_demo_end_to_end(demo_from_wheel):
     for v in ("baseline", "rerank", "hnsw-m4"):
         assert f'href="{v}/index.html"' in text
         assert (out / "reports" / v / "05_compare.html").exists()
-    assert re.search(r"rerank</a>: .*NDCG@5 vs baseline: \+0\.\d+", text)
+    # the top index: a table of runs by test set, the comparison in words
+    assert re.search(r"rerank</a></td>.*NDCG@5 vs baseline: \+0\.\d+ \[\+0\.\d+, \+0\.\d+\], significant", text)
+    assert text.count("<h2>Test set ") == 4   # the demo's, the faq's, the parent-child's and the cold-start set
     # the pools of baseline and rerank graded by the sandbox's rule-based grader; the pages say what graded them
     grades = json.loads((out / "runs" / "relevance-grades.json").read_text(encoding="utf-8"))
     assert grades["served_models"] == ["sandbox-rule-grader"] and grades["rule_based"]

@@ -35,7 +35,8 @@ def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
                            "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
-                           "failed": failure_lines(run.scores), "baselines": len(baselines)}
+                           "failed": failure_lines(run.scores), "baselines": len(baselines),
+                           **_about(run.manifest)}
     if baselines and stage in run.scores.stages:
         from weknora_nb.analysis.compare import compare_runs
 
@@ -47,6 +48,15 @@ def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
             out["vs"] = {"metric": HEADLINE_METRIC, "baseline": r["baseline"], "delta": r["delta"],
                          "ci": (r["ci_low"], r["ci_high"]), "p_holm": r["p_holm"]}
     return out
+
+
+def _about(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the top index says of a run besides its figures: its test set (file name, queries, hash), the date it
+    was collected and its status."""
+    ts = manifest.get("testset") or {}
+    return {"testset": {"name": Path(str(ts.get("path") or "")).name, "n_queries": ts.get("n_queries"),
+                        "hash": ts.get("hash")},
+            "date": str(manifest.get("started_at") or "")[:10], "status": str(manifest.get("status") or "")}
 
 
 _STYLE = """<style>body{font-family:"WenQuanYi Micro Hei","Noto Sans CJK SC",sans-serif;margin:2em;max-width:70em}
@@ -93,21 +103,11 @@ def write_index(report: Report) -> Path:
 
 
 def write_overview(reports: list[Report], path: Path) -> Path:
-    """A top-level ``index.html`` linking several runs' reports with their headline figures (all text escaped)."""
-    e = esc
-    items = []
-    for r in reports:
-        m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
-        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", HEADLINE_METRIC, "hit@5"))
-        vs = ""
-        if "vs" in r.headline:
-            v = r.headline["vs"]
-            vs = (f"; {_label(v['metric'])} vs {v['baseline']}: {v['delta']:+.3f} "
-                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
-        rel = r.index.relative_to(path.parent)
-        items.append(f'<li><a href="{href(rel)}">{e(r.run)}</a>: {e(figs + vs)}</li>')
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
-            f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>")
+    """A top-level ``index.html``: every run's report in a table of runs grouped by test set, with its focus
+    figures, tiers and comparison (:mod:`weknora_nb.reports.overview_page`, all text escaped)."""
+    from weknora_nb.reports.overview_page import overview_html
+
+    page = overview_html(reports, path.parent, _STYLE)
     with writing(path):
         path.write_text(page, encoding="utf-8")
     embed_font([path])
