@@ -86,8 +86,9 @@ def write_index(report: Report) -> Path:
     vs = ""
     if "vs" in h:
         v = h["vs"]
-        vs = (f"<p>{e(_label(v['metric']))} vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI "
-              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+        from weknora_nb.reports.overview_page import comparison_words
+
+        vs = f"<p><b>{e(comparison_words(v))}</b> (95 % CI, p = {v['p_holm']:.3g} after Holm)</p>"
     elif not h.get("baselines") and "05_compare" in report.pages:
         vs = "<p>No baseline given: 05_compare shows the history of the runs, no comparison.</p>"
     warns = "".join(f'<p class="warn">{e(w)}</p>' for w in [*h.get("failed", []), *h.get("warnings", [])])
