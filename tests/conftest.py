@@ -202,9 +202,10 @@ def demo_from_wheel(tmp_path_factory: pytest.TempPathFactory) -> WheelDemo:
 # collections, rendered reports) is built once. The units are started longest first (the order the workers
 # collect, see pytest_collection_modifyitems below), so that no long one starts last.
 
-#: the longest unit: the two tests that read the demo run by the wheel (:func:`demo_from_wheel`), run together
+#: the longest unit: the tests that read the demo run by the wheel (:func:`demo_from_wheel`), run together
 #: (one demo) and started first
 RUN_FIRST = ("tests/test_reports.py::test_the_demo_end_to_end",
+             "tests/test_reports.py::test_every_page_of_the_demo_reads_as_a_report_in_a_browser",
              "tests/test_wheel.py::test_wheel_runs_the_demo_in_an_empty_folder")
 #: files that pay the same once-per-process cost, run as one unit (on one worker): importing ranx (and numba),
 #: about 2 s

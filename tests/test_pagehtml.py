@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
-from weknora_nb.reports.pagehtml import exporter, write_page
+from weknora_nb.reports.pagehtml import Nav, exporter, page_html, write_page
 
 #: nbconvert's ``alt`` of an image that has none
 NO_DESCRIPTION = "No description has been provided for this image"
@@ -48,9 +48,9 @@ def notebook() -> nbformat.NotebookNode:
     return nb
 
 
-@pytest.mark.parametrize("no_input", [True, False])
-def test_each_figure_carries_its_description_and_every_image_an_alt(no_input):
-    html, _ = exporter(no_input).from_notebook_node(notebook())
+@pytest.mark.parametrize("show_code", [True, False])
+def test_each_figure_carries_its_description_and_every_image_an_alt(show_code):
+    html, _ = exporter(show_code).from_notebook_node(notebook())
     soup = BeautifulSoup(html, features="html.parser")
     alts = [img.get("alt") for img in soup.find_all("img")]
     assert 'ndcg@5 按阶段 "<b>" & more' in alts   # the description, escaped in the page and read back whole
@@ -60,20 +60,41 @@ def test_each_figure_carries_its_description_and_every_image_an_alt(no_input):
     assert set("报告已有") <= set(soup.get_text()) and "说明" in alts   # Chinese as itself, in text and alt
 
 
-@pytest.mark.parametrize("no_input", [True, False])
-def test_a_page_fetches_no_script_from_the_internet(tmp_path, no_input):
+@pytest.mark.parametrize("show_code", [True, False])
+def test_a_page_fetches_no_script_from_the_internet(tmp_path, show_code):
     page = tmp_path / "page.html"
-    write_page(notebook(), page, no_input=no_input)
+    write_page(notebook(), page, show_code=show_code, nav=Nav("r", "02_metrics", ("01_collect", "02_metrics")))
     html = page.read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]*\bsrc=\"?https?://", html, re.I), "an external script"
     assert "require.min.js" not in html and "cdnjs" not in html
     assert "<div>escaped</div>" not in html and "&lt;div&gt;escaped&lt;/div&gt;" in html
 
 
-def test_code_is_hidden_with_no_input_and_shown_without():
-    def inputs(no_input: bool) -> list[str]:
-        html, _ = exporter(no_input).from_notebook_node(notebook())
+def test_code_is_hidden_unless_shown():
+    def inputs(show_code: bool) -> list[str]:
+        html = page_html(notebook(), show_code=show_code)
         soup = BeautifulSoup(html, features="html.parser")
         return [div.get_text() for div in soup.select("div.jp-CodeCell div.jp-InputArea")]
 
-    assert inputs(True) == [] and any("print('x')" in text for text in inputs(False))
+    assert inputs(False) == [] and any("print('x')" in text for text in inputs(True))
+
+
+@pytest.mark.parametrize(("notebook_name", "before", "after"), [("01_collect", None, "02_metrics"),
+                                                                ("02_metrics", "01_collect", "04_degraded"),
+                                                                ("04_degraded", "02_metrics", None)])
+def test_each_page_has_the_navigation_header_and_names_its_run(notebook_name, before, after):
+    run = 'v<2>&"x"'
+    nav = Nav(run, notebook_name, ("01_collect", "02_metrics", "04_degraded"))
+    html = page_html(notebook(), show_code=False, nav=nav)
+    soup = BeautifulSoup(html, features="html.parser")
+    assert soup.title.get_text() == f"{run} · 报告"
+    h1s = soup.find_all("h1")
+    assert len(h1s) == 1 and run in h1s[0].get_text() and "报告" in h1s[0].get_text()
+    links = {a.get_text(): a["href"] for a in soup.select("nav.wk-nav a")}
+    assert links["all reports"] == "../index.html" and links[f"run {run}"] == "index.html"
+    assert (f"← {before}" in links) == (before is not None) and (f"{after} →" in links) == (after is not None)
+    if before:
+        assert links[f"← {before}"] == f"{before}.html"
+    if after:
+        assert links[f"{after} →"] == f"{after}.html"
+    assert "<2>" not in html and "v&lt;2&gt;&amp;" in html   # the run's name escaped everywhere

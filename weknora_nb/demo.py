@@ -337,21 +337,21 @@ def generate_coldstart(out: Path, version: str, labelled: Path, n: int, *, progr
     return path
 
 
-def _render_all(out: Path, names: list[str], alone: set[str], no_input: bool,
+def _render_all(out: Path, names: list[str], alone: set[str], show_code: bool,
                 jobs: int | None = None) -> tuple[Path, list[Report]]:
     """Render the first version alone and every other one against it, except those of ``alone``
     (measured on another test set: nothing to compare), all reports' notebooks ``jobs`` at a time
     (default one per core); write the overview page."""
     runs, reports_dir = out / "runs", out / "reports"
     base = runs / names[0]
-    requests = [ReportRequest(runs / v, [] if v in alone or v == names[0] else [base], reports_dir, no_input)
+    requests = [ReportRequest(runs / v, [] if v in alone or v == names[0] else [base], reports_dir, show_code)
                 for v in names]
     reports = render_reports(requests, jobs=jobs)
     return write_overview(reports, reports_dir / "index.html"), reports
 
 
 def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[str] | None = None,
-             stages: str = DEMO_STAGES, no_input: bool = False, progress: bool = True,
+             stages: str = DEMO_STAGES, show_code: bool = False, progress: bool = True,
              concurrency: int = 16, limit: int | None = None, jobs: int | None = None,
              coldstart: bool = True) -> DemoResult:
     """Run the demo into ``out`` (relative to the current folder) and return what it wrote.
@@ -363,7 +363,7 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     versions : system versions of ``versions.yaml`` to run, the first being the baseline
         (default: all, in file order).
     stages, concurrency, progress : passed on to :func:`weknora_nb.collect.collect`.
-    no_input : hide the code cells in the HTML reports.
+    show_code : show the code cells in the HTML reports (hidden by default: a report is read, not run).
     limit : use only the first ``limit`` queries of the demo test set (quick runs and tests;
         the figures then rest on fewer than 200 valid queries and the reports say so).
     jobs : versions measured at a time, each in a worker process, and notebooks rendered at a time
@@ -420,6 +420,6 @@ def run_demo(out: str | Path = "outputs", *, repeats: int = 3, versions: list[st
     seconds["grade"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    index, reports = _render_all(out, names + cold, faq | parent_child | set(cold), no_input, jobs)
+    index, reports = _render_all(out, names + cold, faq | parent_child | set(cold), show_code, jobs)
     seconds["render"] = time.perf_counter() - t0
     return DemoResult(index, reports, seconds)

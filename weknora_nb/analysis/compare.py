@@ -303,6 +303,19 @@ def compare_runs(paths: Sequence[str | Path] | Sequence[Run], *, stage: str | No
     return cmp
 
 
+def latency_line(p95_ms: float, delta_p95_ms: float) -> str:
+    """The recommendation's latency line, its words following the sign of the p95 change (compared minus
+    baseline): slower is a cost to weigh against the gain, faster is not; a change under 0.5 ms is none."""
+    head = f"- Latency p95 {p95_ms:.0f} ms"
+    if np.isnan(delta_p95_ms):
+        return head + "."
+    if round(delta_p95_ms) == 0:
+        return head + ": as fast as the baseline."
+    if delta_p95_ms > 0:
+        return f"{head}, {delta_p95_ms:.0f} ms slower than the baseline: weigh the gain against this cost."
+    return f"{head}, {-delta_p95_ms:.0f} ms faster than the baseline."
+
+
 def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha: float = 0.05) -> str:
     """The decision rules of docs/method.md section 7 (from the rerank-impact study), in words."""
     out = []
@@ -338,9 +351,7 @@ def recommend(cmp: Comparison, *, latency_budget_ms: float | None = None, alpha:
                          "raise the candidate count or switch to hybrid retrieval before tuning the ranking.")
         lat = cmp.latency.set_index("run")
         if run in lat.index and not np.isnan(lat.loc[run, "p95_ms"]):
-            dp95 = lat.loc[run, "delta_p95_ms"]
-            lines.append(f"- Latency p95 {lat.loc[run, 'p95_ms']:.0f} ms ({dp95:+.0f} ms): weigh the gain "
-                         "against this cost.")
+            lines.append(latency_line(lat.loc[run, "p95_ms"], lat.loc[run, "delta_p95_ms"]))
             if latency_budget_ms is not None and lat.loc[run, "p95_ms"] > latency_budget_ms:
                 lines.append(f"- p95 exceeds the latency budget of {latency_budget_ms:.0f} ms.")
         out.append("\n".join(lines))

@@ -4,12 +4,13 @@ overview linking every run's report. Every text from a run is escaped (:mod:`wek
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from weknora_nb.core.errors import writing
 from weknora_nb.core.pipeline import HEADLINE_METRIC
 from weknora_nb.reports.fonts import embed_font
+from weknora_nb.reports.pagehtml import TOP_INDEX
 from weknora_nb.reports.report import Report
 from weknora_nb.reports.safe import esc, href
 
@@ -34,7 +35,8 @@ def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
     s = run.scores.summary[run.scores.summary["stage"] == stage]
     out: dict[str, Any] = {"stage": stage, "metrics": [(r.metric, r.mean, r.tier) for r in s.itertuples()],
                            "counts": run.scores.counts.to_dict(), "warnings": run.scores.warnings,
-                           "failed": failure_lines(run.scores), "baselines": len(baselines)}
+                           "failed": failure_lines(run.scores), "baselines": len(baselines),
+                           **_about(run.manifest)}
     if baselines and stage in run.scores.stages:
         from weknora_nb.analysis.compare import compare_runs
 
@@ -46,6 +48,15 @@ def headline(run_dir: Path, baselines: list[Path], *, stage: str | None = None,
             out["vs"] = {"metric": HEADLINE_METRIC, "baseline": r["baseline"], "delta": r["delta"],
                          "ci": (r["ci_low"], r["ci_high"]), "p_holm": r["p_holm"]}
     return out
+
+
+def _about(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the top index says of a run besides its figures: its test set (file name, queries, hash), the date it
+    was collected and its status."""
+    ts = manifest.get("testset") or {}
+    return {"testset": {"name": Path(str(ts.get("path") or "")).name, "n_queries": ts.get("n_queries"),
+                        "hash": ts.get("hash")},
+            "date": str(manifest.get("started_at") or "")[:10], "status": str(manifest.get("status") or "")}
 
 
 _STYLE = """<style>body{font-family:"WenQuanYi Micro Hei","Noto Sans CJK SC",sans-serif;margin:2em;max-width:70em}
@@ -75,13 +86,15 @@ def write_index(report: Report) -> Path:
     vs = ""
     if "vs" in h:
         v = h["vs"]
-        vs = (f"<p>{e(_label(v['metric']))} vs {e(str(v['baseline']))}: {v['delta']:+.3f} (95 % CI "
-              f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], p = {v['p_holm']:.3g} after Holm)</p>")
+        from weknora_nb.reports.overview_page import comparison_words
+
+        vs = f"<p><b>{e(comparison_words(v))}</b> (95 % CI, p = {v['p_holm']:.3g} after Holm)</p>"
     elif not h.get("baselines") and "05_compare" in report.pages:
         vs = "<p>No baseline given: 05_compare shows the history of the runs, no comparison.</p>"
     warns = "".join(f'<p class="warn">{e(w)}</p>' for w in [*h.get("failed", []), *h.get("warnings", [])])
     links = "".join(f'<li><a href="{href(p.name)}">{e(nb)}</a></li>' for nb, p in report.pages.items())
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(report.run)}</title>{_STYLE}</head><body>"
+            f'<p><a href="{href(TOP_INDEX)}">all reports</a></p>'
             f"<h1>weknora-nb report: {e(report.run)}</h1><p>Stage <b>{e(h.get('stage', ''))}</b>; {e(counts)}</p>"
             f"{vs}{warns}<table><tr><th>metric</th><th>mean</th><th>tier</th></tr>{rows}</table>"
             f"<h2>Notebooks</h2><ul>{links}</ul></body></html>")
@@ -91,22 +104,32 @@ def write_index(report: Report) -> Path:
 
 
 def write_overview(reports: list[Report], path: Path) -> Path:
-    """A top-level ``index.html`` linking several runs' reports with their headline figures (all text escaped)."""
-    e = esc
-    items = []
-    for r in reports:
-        m = {k: (v, t) for k, v, t in r.headline.get("metrics", [])}
-        figs = ", ".join(f"{k} {v:.3f}" for k, (v, _) in m.items() if k in ("recall@10", HEADLINE_METRIC, "hit@5"))
-        vs = ""
-        if "vs" in r.headline:
-            v = r.headline["vs"]
-            vs = (f"; {_label(v['metric'])} vs {v['baseline']}: {v['delta']:+.3f} "
-                  f"[{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]")
-        rel = r.index.relative_to(path.parent)
-        items.append(f'<li><a href="{href(rel)}">{e(r.run)}</a>: {e(figs + vs)}</li>')
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
-            f"</head><body><h1>weknora-nb reports</h1><ul>{''.join(items)}</ul></body></html>")
+    """A top-level ``index.html``: every run's report in a table of runs grouped by test set, with its focus
+    figures, tiers and comparison (:mod:`weknora_nb.reports.overview_page`, all text escaped)."""
+    from weknora_nb.reports.overview_page import overview_html
+
+    page = overview_html(reports, path.parent, _STYLE)
     with writing(path):
         path.write_text(page, encoding="utf-8")
     embed_font([path])
+    return path
+
+
+#: the mark of a top index written by :func:`write_listing` (one :func:`write_overview` wrote is never replaced)
+LISTING_MARK = "<!-- weknora-nb: listing of the reports folder -->"
+
+
+def write_listing(out_root: Path) -> Path | None:
+    """``out_root/index.html``, the top index every page links to ("all reports"), as a list of the reports in
+    ``out_root`` (each folder holding an ``index.html``), when there is none yet or the one there is such a list
+    (the demo's overview, :func:`write_overview`, is left alone); None when left alone."""
+    path = out_root / "index.html"
+    if path.exists() and LISTING_MARK not in path.read_text(encoding="utf-8", errors="replace"):
+        return None
+    runs = sorted(p.parent.name for p in out_root.glob("*/index.html"))
+    items = "".join(f'<li><a href="{href(PurePosixPath(r, "index.html"))}">{esc(r)}</a></li>' for r in runs)
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>weknora-nb reports</title>{_STYLE}"
+            f"</head><body>{LISTING_MARK}<h1>weknora-nb reports</h1><ul>{items}</ul></body></html>")
+    with writing(path):
+        path.write_text(page, encoding="utf-8")
     return path

@@ -116,9 +116,11 @@ def bullets(items: Iterable[Any], *, empty: str = "", bold: bool = True) -> HTML
     return HTML(safe.bullets(items, bold=bold) if items else safe.text(empty))
 
 
-def table(df: pd.DataFrame, *, index: bool = False) -> HTML:
-    """A DataFrame shown as an escaped HTML table (:func:`safe.table`); ``index``: show its row labels."""
-    return HTML(safe.table(df, index=index))
+def table(df: pd.DataFrame, *, index: bool = False, anchors: dict[str, str] | None = None) -> HTML:
+    """A DataFrame shown as an escaped HTML table (:func:`safe.table`); ``index``: show its row labels;
+    ``anchors``: column -> id prefix, its cells linking to those elements of the page (04: ``{"query_id": "dd-"}``,
+    each degraded query to its drill-down)."""
+    return HTML(safe.table(df, index=index, anchors=anchors))
 
 
 def show_html(html: str) -> HTML:
@@ -152,11 +154,11 @@ def unless_failed(run: Run, make: Callable[[], Any], *, stage: str | None = None
 
 
 def manifest_table(run: Run) -> HTML:
-    """What was run against what: the manifest flattened to key / value (it holds no secret)."""
-    flat = flatten({k: v for k, v in run.manifest.items() if k not in ("counts",)})
-    df = pd.DataFrame([(k, json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v)
-                       for k, v in flat.items()], columns=["key", "value"])
-    return HTML(html_table(df))
+    """What was run against what (it holds no secret): a short summary, the manifest flattened to key / value
+    collapsed under it (:func:`weknora_nb.reports.summary_view.manifest_html`)."""
+    from weknora_nb.reports.summary_view import manifest_html
+
+    return HTML(manifest_html(run.manifest, flatten({k: v for k, v in run.manifest.items() if k not in ("counts",)})))
 
 
 def stratify(run: Run, stage: str, *, rules: str | Path | None = None, resamples: int = 2000) -> pd.DataFrame:
@@ -366,14 +368,26 @@ def broken_labels(run: Run, query_ids: Iterable[str] | None = None) -> pd.DataFr
                          "integrity": [", ".join(broken[c]) for c in hit["chunk_id"]]}).reset_index(drop=True)
 
 
-def drilldown(run: Run, diagnosis: Any, query_id: str) -> HTML:
-    """One degraded query's drill-down (:func:`weknora_nb.reports.tables.drilldown_html`) with an ``integrity``
-    column beside its labels: what is wrong with a labelled chunk (missing, disabled, parse failed, no
-    embedding, duplicated), empty when nothing is."""
+def drilldown(run: Run, diagnosis: Any, query_id: str, *, open_: bool = True) -> HTML:
+    """One degraded query's drill-down (:func:`weknora_nb.reports.drill_view.drilldown_html`: the grid of what
+    each stage returned) with an ``integrity`` column beside its labels: what is wrong with a labelled chunk
+    (missing, disabled, parse failed, no embedding, duplicated), empty when nothing is; ``open_``: shown open."""
     from weknora_nb.core.integrity import broken_chunks
-    from weknora_nb.reports.tables import drilldown_html
+    from weknora_nb.reports.drill_view import drilldown_html
 
     dd = diagnosis.drilldown(query_id)
     broken = broken_chunks(integrity_findings(run)[0])
     dd["labels"] = dd["labels"].assign(integrity=[", ".join(broken.get(str(c), [])) for c in dd["labels"]["chunk_id"]])
-    return HTML(drilldown_html(dd))
+    return HTML(drilldown_html(dd, open_=open_, definitions=run.manifest.get("stages") or {}))
+
+
+def drilldowns(run: Run, diagnosis: Any, query_ids: list[str], interactive: bool) -> None:
+    """The drill-downs of ``query_ids``: behind a query dropdown (live), or each in a block of its own, the first
+    :data:`~weknora_nb.reports.drill_view.OPEN` open and the others collapsed to one line (static)."""
+    from weknora_nb.reports.drill_view import OPEN
+
+    if interactive:
+        choose(lambda query_id: drilldown(run, diagnosis, query_id), interactive, query_id=query_ids)
+        return
+    for i, qid in enumerate(query_ids):
+        display(drilldown(run, diagnosis, qid, open_=i < OPEN))

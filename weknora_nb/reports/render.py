@@ -1,8 +1,10 @@
 """Render the notebooks of a run into self-contained HTML reports (papermill + nbconvert).
 
 ``render_report(run_dir, baselines)`` executes each notebook of ``notebooks/`` with
-papermill into ``outputs/reports/<run>/`` (the executed ``.ipynb`` and its ``.html``) and
-writes an ``index.html`` that links them with the headline figures. A notebook that fails
+papermill into ``outputs/reports/<run>/`` (the executed ``.ipynb`` and its ``.html``, without its code
+unless ``show_code``; each page headed by links to the top index, the run's index and the run's other
+notebooks, :mod:`weknora_nb.reports.pagehtml`) and writes an ``index.html`` that links them with the
+headline figures. A notebook that fails
 leaves its partial notebook and HTML (papermill marks the failing cell at the top) and
 raises :class:`ReportError` naming the notebook and the cell.
 
@@ -42,7 +44,7 @@ from weknora_nb.core.errors import NotComparableError, ReportError, RunFolderErr
 from weknora_nb.core.run import ANSWERS, MANIFEST, check_run_name, read_manifest
 from weknora_nb.reports import kernel
 from weknora_nb.reports.fonts import embed_font
-from weknora_nb.reports.index_page import headline, write_index
+from weknora_nb.reports.index_page import headline, write_index, write_listing
 from weknora_nb.reports.report import Report
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ class ReportRequest:
     run_dir: str | Path
     baselines: Sequence[str | Path] = ()
     out_root: str | Path | None = None
-    no_input: bool = False
+    show_code: bool = False
     notebooks: Sequence[str] = NOTEBOOKS
     parameters: dict[str, Any] | None = None
 
@@ -133,9 +135,10 @@ class _Page:
     executed: Path
     html: Path
     cwd: Path
-    no_input: bool
+    show_code: bool
     cache: Path | None
     cost: float
+    nav: Any = None  # pagehtml.Nav: the page's place in its run's report
     seconds: float = 0.0
     error: BaseException | None = None
 
@@ -186,12 +189,15 @@ def _plan(req: ReportRequest, *, cache: bool) -> _Plan:
     store = out_root / CACHE_FOLDER if cache else None
     if store is not None and not usable_cache(store):  # said here once, not in every notebook
         store = None
+    from weknora_nb.reports.pagehtml import Nav
+
     pages = []
-    for nb in notebooks_for(run_dir, notebooks):
+    names = tuple(notebooks_for(run_dir, notebooks))
+    for nb in names:
         source, declared = _notebook_for(notebooks_dir() / f"{nb}.ipynb", params)
         cost = _COMPARE_COST if nb == "05_compare" and bases else _COST.get(nb, 1.0)
         pages.append(_Page(nb, source, declared, folder / f"{nb}.ipynb", folder / f"{nb}.html", run_dir.parent,
-                           req.no_input, store, cost))
+                           req.show_code, store, cost, Nav(name, nb, names)))
     return _Plan(Report(name, folder, folder / "index.html"), run_dir, bases, params, store, pages)
 
 
@@ -217,18 +223,19 @@ def _check_baselines(manifest: dict[str, Any], baselines: list[Path], stage: str
 
 
 def render_report(run_dir: str | Path, baselines: Iterable[str | Path] = (), *, out_root: str | Path | None = None,
-                  no_input: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
+                  show_code: bool = False, notebooks: Iterable[str] = NOTEBOOKS, kernel: str = "python3",
                   parameters: dict[str, Any] | None = None, jobs: int | None = None, cache: bool = True) -> Report:
     """Execute the notebooks for ``run_dir`` (compared with ``baselines``) and write the HTML reports.
 
     ``parameters`` (e.g. ``stage``, ``metrics``, ``domain_adjustment``) go to the notebooks
     that declare them and to the index's headline figures. ``notebooks``: names from
     :data:`NOTEBOOKS`. The report goes to ``out_root/<run name>`` (:class:`RunFolderError` when
-    the run's name would put it anywhere else). ``jobs``: notebooks executed at once (default
+    the run's name would put it anywhere else). ``show_code``: the code cells shown in the pages (hidden by
+    default: a report is read, not run). ``jobs``: notebooks executed at once (default
     :func:`default_jobs`; 1: one after another); ``cache``: keep what the notebooks compute in
     ``out_root/.cache`` (:mod:`weknora_nb.reports.notebook`, "the render cache") and reuse it.
     """
-    req = ReportRequest(run_dir, tuple(baselines), out_root, no_input, tuple(notebooks), parameters)
+    req = ReportRequest(run_dir, tuple(baselines), out_root, show_code, tuple(notebooks), parameters)
     return render_reports([req], jobs=jobs, kernel=kernel, cache=cache)[0]
 
 
@@ -241,7 +248,9 @@ def render_reports(requests: Sequence[ReportRequest], *, jobs: int | None = None
     headline figures; reports, their pages and their order are the same whatever ``jobs`` is. When a notebook
     fails no other one starts: those running finish, and the :class:`ReportError` of the first failed page (in the
     order of ``requests`` and :data:`NOTEBOOKS`) is raised, its partial notebook and HTML written. Then each
-    report's index page, and one CJK font subset for the characters of every page, embedded in each.
+    report's index page, the top index its pages link to when there is none yet
+    (:func:`~weknora_nb.reports.index_page.write_listing`), and one CJK font subset for the characters of every
+    page, embedded in each.
     """
     plans = [_plan(r, cache=cache) for r in requests]
     pages = [p for plan in plans for p in plan.pages]
@@ -265,7 +274,9 @@ def render_reports(requests: Sequence[ReportRequest], *, jobs: int | None = None
             report.pages[page.notebook] = page.html
             report.seconds[page.notebook] = page.seconds
         write_index(report)
-    embed_font([path for plan in plans for path in [*plan.report.pages.values(), plan.report.index]])
+    listings = [write_listing(root) for root in dict.fromkeys(plan.report.folder.parent for plan in plans)]
+    embed_font([path for plan in plans for path in [*plan.report.pages.values(), plan.report.index]]
+               + [p for p in listings if p is not None])
     return [plan.report for plan in plans]
 
 
@@ -356,11 +367,11 @@ def _render_page(page: _Page, kernel_name: str, started: Any = None) -> float:
         nb = kernel.execute(page.source, page.executed, page.declared, kernel_name=kernel_name, cwd=page.cwd,
                             env=_kernel_environment(page.cache), started=started)
     except pm.PapermillExecutionError as exc:
-        write_page(nbformat.read(page.executed, as_version=4), page.html, no_input=False)
+        write_page(nbformat.read(page.executed, as_version=4), page.html, show_code=True, nav=page.nav)
         embed_font([page.html])
         raise ReportError(page.notebook, *_failed_cell(page.executed), exc.ename, str(exc.evalue)[:300],
                           page.html) from exc
-    write_page(nb, page.html, no_input=page.no_input)
+    write_page(nb, page.html, show_code=page.show_code, nav=page.nav)
     return time.perf_counter() - t0
 
 

@@ -50,6 +50,14 @@ def metric_table(scores: Scores, *, resamples: int = 2000, seed: int = 0) -> pd.
     return table
 
 
+def _mean_and_interval(mean: Any, low: Any, high: Any) -> str:
+    """``0.564 [0.512, 0.611]`` (:func:`weknora_nb.reports.cells.number`); blank parts for missing values."""
+    from weknora_nb.reports.cells import number
+
+    interval = f" [{number(low)}, {number(high)}]" if number(low) and number(high) else ""
+    return number(mean) + interval if number(mean) else ""
+
+
 def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) -> Styler:
     """Stages x metrics, ``mean [low, high]`` in each cell, coloured by tier (a legend in the caption).
 
@@ -63,7 +71,7 @@ def style_tiers(table: pd.DataFrame, *, domain_adjustment: float | None = None) 
     else:
         table = table.assign(tier=[tier(m, v, domain_adjustment) for m, v in
                                    zip(table["metric"], table["mean"], strict=True)])
-    cells = table.assign(text=[f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in
+    cells = table.assign(text=[_mean_and_interval(m, lo, hi) for m, lo, hi in
                                zip(table["mean"], table["ci_low"], table["ci_high"], strict=True)])
     text = cells.pivot(index="stage", columns="metric", values="text")
     tiers = cells.pivot(index="stage", columns="metric", values="tier")
@@ -98,26 +106,6 @@ def counts_table(scores: Scores) -> pd.DataFrame:
             ("merged neighbour chunks unfolded", c.n_sub_chunks_expanded),
             ("repeats", ", ".join(map(str, c.repeats)))]
     return pd.DataFrame(rows, columns=["what", "count"])
-
-
-def drilldown_html(dd: dict[str, Any], *, max_chars: int = 300) -> str:
-    """One degraded query: labelled chunks vs what each stage returned, all text escaped."""
-    def clip(s: Any) -> str:
-        s = "" if s is None or (isinstance(s, float) and np.isnan(s)) else str(s)
-        return s if len(s) <= max_chars else s[:max_chars] + "…"
-    parts = [f"<h4>{esc(dd['query_id'])}: {esc(dd['query'])}</h4>"]
-    if dd.get("answer"):
-        parts.append(f"<p><b>Reference answer:</b> {esc(dd['answer'])}</p>")
-    for c in dd["causes"]:
-        parts.append(f"<p><b>{esc(c['stage'])}</b>: {esc(', '.join(c['causes']) or 'no cause found')}"
-                     f"</p>{safe.bullets(c['evidence'])}")
-    shown = [c for c in ("chunk_id", "grade", "integrity", "content") if c in dd["labels"].columns]  # integrity: wn
-    lab = dd["labels"][shown].assign(content=lambda d: d["content"].map(clip))
-    parts.append("<p><b>Labelled chunks</b></p>" + html_table(lab))
-    for stage, top in dd["returned"].items():
-        t = top[["rank", "chunk_id", "grade", "score", "content"]].assign(content=lambda d: d["content"].map(clip))
-        parts.append(f"<p><b>{esc(stage)}</b> returned</p>" + html_table(t))
-    return "\n".join(parts)
 
 
 def failed_stages(scores: Scores) -> dict[str, dict[str, int]]:
