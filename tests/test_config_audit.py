@@ -179,7 +179,7 @@ def test_the_report_cells_escape_knowledge_base_text():
     assert "<script>" not in page and "&lt;script&gt;" in page and "rerank_below_threshold" in page
     assert "Not checked" in page
     four = audit_view.degraded_audit(run, "final", ["q0", "q9"]).data
-    assert "rerank_below_threshold" in four and "<td>1</td>" in four
+    assert "rerank_below_threshold" in four and re.search(r"<td[^>]*>1</td>", four)
     none = audit_view.degraded_audit(run, "vector", ["q0"]).data
     assert "no check could run" in none
 
