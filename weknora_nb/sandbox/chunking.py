@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,25 +177,31 @@ def _pack(pieces: list[str], limit: int, sep: str) -> list[str]:
     return out
 
 
+def markdown_lines(text: str) -> Iterator[tuple[int, str, re.Match[str] | None]]:
+    """Each line of a Markdown text: its offset (characters), the line without its newline, and its heading match
+    (None for a line that is no heading, or inside fenced code)."""
+    offset, in_code = 0, False
+    for line in text.splitlines(keepends=True):
+        raw = line.rstrip("\n")
+        if raw.strip().startswith("```"):
+            in_code = not in_code
+        yield offset, raw, (None if in_code else HEADING.match(raw))
+        offset += len(line)
+
+
 def chunk_markdown(text: str, doc_id: str, *, max_chars: int = MAX_CHARS, hard_max: int = HARD_MAX) -> list[Chunk]:
     """Chunk one Markdown document (see the module docstring for the rules)."""
     title = doc_id
     sections: list[tuple[tuple[str, ...], list[tuple[int, str]]]] = []
     path: list[tuple[int, str]] = []
     body: list[tuple[int, str]] = []
-    in_code = False
-    offset = 0
 
     def close() -> None:
         if body:
             sections.append((tuple(h for _, h in path), list(body)))
         body.clear()
 
-    for line in text.splitlines(keepends=True):
-        raw = line.rstrip("\n")
-        if raw.strip().startswith("```"):
-            in_code = not in_code
-        m = None if in_code else HEADING.match(raw)
+    for offset, raw, m in markdown_lines(text):
         if m:
             close()
             level, heading = len(m.group(1)), m.group(2).strip()
@@ -203,7 +210,6 @@ def chunk_markdown(text: str, doc_id: str, *, max_chars: int = MAX_CHARS, hard_m
             path = [(lv, h) for lv, h in path if lv < level] + [(level, heading)]
         else:
             body.append((offset, raw))
-        offset += len(line)
     close()
 
     chunks: list[Chunk] = []

@@ -13,14 +13,13 @@ what WeKnora's search then does is docs/weknora-contract.md C121.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from weknora_nb.core.jsontext import json_bytes
-from weknora_nb.sandbox.judge import bad_request, estimate_tokens
+from weknora_nb.sandbox.judge import authorised_json, bad_request, estimate_tokens
 
 if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
@@ -52,13 +51,9 @@ class EmbeddingsEndpoint:
 
     async def embeddings(self, request: Request) -> Response:
         """Embed the inputs (module docstring); 401 without a sandbox key, 400 for a bad body, 404 another model."""
-        header = request.headers.get("authorization", "")
-        if not (header.startswith("Bearer ") and self.keys.lookup(header[7:].strip()) is not None):
-            return bad_request(401, "Incorrect API key provided", code="invalid_api_key")
-        try:
-            body = json.loads(await request.body() or b"null")
-        except ValueError:
-            return bad_request(400, "the body is not JSON")
+        body, refused = await authorised_json(request, self.keys)
+        if refused is not None:
+            return refused
         if not isinstance(body, dict):
             return bad_request(400, "the body must be a JSON object")
         inputs = self._inputs(body.get("input"))

@@ -193,6 +193,18 @@ def bad_request(status: int, message: str, *, code: str | None = None) -> Respon
     return error_response(status, message, "invalid_request_error", code)
 
 
+async def authorised_json(request: Request, keys: KeyRing) -> tuple[Any, Response | None]:
+    """The JSON body of an OpenAI-style request made with a sandbox key as its bearer token: ``(body, None)``, or
+    ``(None, the 401 / 400 to answer)``."""
+    header = request.headers.get("authorization", "")
+    if not (header.startswith("Bearer ") and keys.lookup(header[7:].strip()) is not None):
+        return None, bad_request(401, "Incorrect API key provided", code="invalid_api_key")
+    try:
+        return json.loads(await request.body() or b"null"), None
+    except ValueError:
+        return None, bad_request(400, "the body is not JSON")
+
+
 def completion_response(text: str, messages: list[dict[str, Any]], model: str, fingerprint: str) -> Response:
     """A chat completion in OpenAI's form whose reply is ``text``; ``usage`` by weknora-nb's estimate rule."""
     prompt_tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 3
@@ -231,12 +243,9 @@ class RuleJudge:
     async def chat_completions(self, request: Request) -> Response:
         """One judgement in the chat-completions format (module docstring)."""
         self.requests += 1
-        if not self._authorised(request):
-            return error_response(401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key")
-        try:
-            body = json.loads(await request.body() or b"null")
-        except ValueError:
-            return error_response(400, "the body is not JSON", "invalid_request_error")
+        body, refused = await authorised_json(request, self.keys)
+        if refused is not None:
+            return refused
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
                                                      for m in messages) or not messages:

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from weknora_nb.sandbox.chunking import FAQ_FILE, HEADING, Chunk, chunk_markdown, load_faq
+from weknora_nb.sandbox.chunking import FAQ_FILE, Chunk, chunk_markdown, load_faq, markdown_lines
 
 #: the web UI's parent and child sizes (KnowledgeBaseEditorModal.vue:754-755 @ v0.7.2; DeriveParentChildConfigs's
 #: defaults, strategy.go:219-224)
@@ -73,16 +73,7 @@ class _Span:
 def primary_boundaries(text: str) -> list[int]:
     """Where the primary sections start (see the module docstring): 0, then the offset of each heading of a level
     at most the primary one, outside fenced code."""
-    headings: list[tuple[int, int]] = []   # (offset, level)
-    offset, in_code = 0, False
-    for line in text.splitlines(keepends=True):
-        raw = line.rstrip("\n")
-        if raw.strip().startswith("```"):
-            in_code = not in_code
-        m = None if in_code else HEADING.match(raw)
-        if m:
-            headings.append((offset, len(m.group(1))))
-        offset += len(line)
+    headings = [(offset, len(m.group(1))) for offset, _, m in markdown_lines(text) if m]   # (offset, level)
     if not headings:
         return [0]
     counts = {lv: sum(1 for _, x in headings if x == lv) for lv in {lv for _, lv in headings}}

@@ -21,7 +21,6 @@ Auth as ``/v1/embeddings``: a sandbox API key as bearer token. With the fault ``
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from weknora_nb.core.jsontext import json_bytes
 from weknora_nb.sandbox.embedders import E5Embedder
-from weknora_nb.sandbox.judge import bad_request, estimate_tokens
+from weknora_nb.sandbox.judge import authorised_json, bad_request, estimate_tokens
 
 if TYPE_CHECKING:
     from weknora_nb.sandbox.auth import KeyRing
@@ -56,13 +55,9 @@ class RerankEndpoint:
     async def rerank(self, request: Request) -> Response:
         """Score the documents (module docstring); 401 without a sandbox key, 400 for a bad body, 404 another model,
         500 when the fault ``rerank_error_rate`` rolls."""
-        header = request.headers.get("authorization", "")
-        if not (header.startswith("Bearer ") and self.keys.lookup(header[7:].strip()) is not None):
-            return bad_request(401, "Incorrect API key provided", code="invalid_api_key")
-        try:
-            body = json.loads(await request.body() or b"null")
-        except ValueError:
-            return bad_request(400, "the body is not JSON")
+        body, refused = await authorised_json(request, self.keys)
+        if refused is not None:
+            return refused
         if not isinstance(body, dict) or not isinstance(body.get("query"), str) or not body["query"].strip():
             return bad_request(400, "the body must be a JSON object with a non-empty string query")
         documents = self._documents(body.get("documents"))
