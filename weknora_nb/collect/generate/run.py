@@ -53,12 +53,12 @@ from weknora_nb.collect.http.client import ClientSettings, WeKnoraClient, server
 from weknora_nb.collect.http.retry import run_to_end
 from weknora_nb.collect.judge.calls import TOKEN_RULE, Asker, Budget, BudgetExhausted
 from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
-from weknora_nb.collect.judge.manifest import command_line, now, read_manifest, write_manifest
+from weknora_nb.collect.judge.manifest import command_line, now, read_manifest, stops_recorded, write_manifest
 from weknora_nb.collect.judge.options import JudgeOptions
 from weknora_nb.collect.judge.prompts import Prompt
 from weknora_nb.collect.judge.store import JudgeCache, JudgeLock, JudgementLog, Key, reopen_log
 from weknora_nb.collect.run.inventory import list_inventory
-from weknora_nb.core.errors import AuthFailed, NotFound, RequestFailed, RunExistsError, UsageError
+from weknora_nb.core.errors import AuthFailed, RequestFailed, RunExistsError, UsageError
 from weknora_nb.core.progress import progress_bar
 from weknora_nb.core.synthetic import Candidate, GenerateOptions, Selection, Task
 
@@ -228,7 +228,7 @@ async def _rounds(curator: Curator, worker: Worker, budget: Budget, calls: Judge
                   folder: Path, out: Path, prefetch: Callable[[list[str]], Any] | None) -> GenerationOutcome:
     """Round after round (module docstring); the outcome with every task, candidate and the last selection."""
     outcome = GenerationOutcome(out, False)
-    try:
+    with stops_recorded(folder / MANIFEST_FILE, manifest):
         for round_no in itertools.count(1):
             tasks = curator.plan(round_no, outcome.selection)
             if not tasks:
@@ -247,21 +247,7 @@ async def _rounds(curator: Curator, worker: Worker, budget: Budget, calls: Judge
             outcome.selection = curator.select(outcome.candidates)
             if outcome.selection.reached or budget.stopped:
                 break
-    except (AuthFailed, NotFound) as exc:
-        _stopped(folder, manifest, "failed", str(exc))
-        raise UsageError(str(exc)) from None
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        _stopped(folder, manifest, "interrupted", "interrupted (Ctrl-C)")
-        raise
-    except BaseException as exc:
-        _stopped(folder, manifest, "failed", f"{type(exc).__name__}: {exc}")
-        raise
     return outcome
-
-
-def _stopped(folder: Path, manifest: dict[str, Any], status: str, why: str) -> None:
-    manifest.update(status=status, stopped_by=why[:500], ended_at=now())
-    write_manifest(folder / MANIFEST_FILE, manifest)
 
 
 async def _each(items: list[_T], work: Callable[[_T], Awaitable[None]], calls: JudgeOptions, budget: Budget,

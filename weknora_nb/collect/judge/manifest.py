@@ -9,9 +9,12 @@ counts and the ledger of tokens and cost; and how the run ended (``complete``, `
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +25,7 @@ from weknora_nb.collect.judge.llm import LLMClient, LLMSettings
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome
 from weknora_nb.collect.judge.prompts import Prompt
 from weknora_nb.collect.judge.store import JUDGEMENT_KEYS
-from weknora_nb.core.errors import reading, writing
+from weknora_nb.core.errors import AuthFailed, NotFound, UsageError, reading, writing
 from weknora_nb.core.files import atomic_path
 
 #: the model name of the sandbox's deterministic rule-based judge (weknora_nb.sandbox.judge)
@@ -104,10 +107,29 @@ def end_manifest(spec: JudgeSpec, manifest: dict[str, Any], outcome: JudgeOutcom
     write_manifest(spec.manifest_path, manifest)
 
 
-def stopped_manifest(spec: JudgeSpec, manifest: dict[str, Any], status: str, why: str) -> None:
-    """The manifest of a run that stopped before its end (``interrupted``, ``failed``): why, and when."""
+def stopped_manifest(path: Path, manifest: dict[str, Any], status: str, why: str) -> None:
+    """The manifest of LLM work that stopped before its end (``interrupted``, ``failed``), written to ``path``:
+    why, and when."""
     manifest.update(status=status, stopped_by=why[:500], ended_at=now())
-    write_manifest(spec.manifest_path, manifest)
+    write_manifest(path, manifest)
+
+
+@contextmanager
+def stops_recorded(path: Path, manifest: dict[str, Any]) -> Iterator[None]:
+    """Run the body; a stop before its end is written into the manifest at ``path`` (:func:`stopped_manifest`) and
+    raised again: a refused key or an unknown model ``failed`` (as a :class:`UsageError`: the user's to fix), Ctrl-C
+    or a cancellation ``interrupted``, any other error ``failed`` with its type."""
+    try:
+        yield
+    except (AuthFailed, NotFound) as exc:
+        stopped_manifest(path, manifest, "failed", str(exc))
+        raise UsageError(str(exc)) from None
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        stopped_manifest(path, manifest, "interrupted", "interrupted (Ctrl-C)")
+        raise
+    except BaseException as exc:
+        stopped_manifest(path, manifest, "failed", f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def command_line() -> list[str]:

@@ -27,7 +27,7 @@ from weknora_nb.collect.judge.manifest import (
     now,
     read_manifest,
     start_manifest,
-    stopped_manifest,
+    stops_recorded,
 )
 from weknora_nb.collect.judge.options import JudgeOptions, JudgeOutcome
 from weknora_nb.collect.judge.store import (
@@ -39,7 +39,7 @@ from weknora_nb.collect.judge.store import (
     record_key,
     reopen_log,
 )
-from weknora_nb.core.errors import AuthFailed, NotFound, RunExistsError, UsageError
+from weknora_nb.core.errors import RunExistsError
 from weknora_nb.core.progress import progress_bar
 
 
@@ -142,16 +142,8 @@ async def _work(todo: list[Job], asker: Asker, judgement_log: JudgementLog, done
 
     workers = [asyncio.ensure_future(worker()) for _ in range(min(options.concurrency, max(1, len(todo))))]
     try:
-        await asyncio.gather(*workers)
-    except (AuthFailed, NotFound) as exc:
-        stopped_manifest(spec, manifest, "failed", str(exc))
-        raise UsageError(str(exc)) from None
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        stopped_manifest(spec, manifest, "interrupted", "interrupted (Ctrl-C)")
-        raise
-    except BaseException as exc:
-        stopped_manifest(spec, manifest, "failed", f"{type(exc).__name__}: {exc}")
-        raise
+        with stops_recorded(spec.manifest_path, manifest):
+            await asyncio.gather(*workers)
     finally:
         for w in workers:
             w.cancel()
