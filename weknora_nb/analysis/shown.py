@@ -32,28 +32,34 @@ if TYPE_CHECKING:
 COLUMNS = ["stage", "metric", "as_shown", "own_ids", "difference", "results_showing_more", "results"]
 
 
-def showing_more(run: Run) -> pd.Series:
-    """Per stage, how many successful result rows show chunks besides their own (a non-empty
-    ``shown_chunk_ids``, else, for runs collected before that column, a ``sub_chunk_ids`` that names another
-    chunk than the row's own)."""
+def result_counts(run: Run) -> pd.DataFrame:
+    """Per stage (the index), the successful result rows (``results``) and those that show chunks besides their
+    own (``showing_more``: a non-empty ``shown_chunk_ids``, else, for runs collected before that column, a
+    ``sub_chunk_ids`` that names another chunk than the row's own)."""
     res = run.results
     if "chunk_id" not in res.columns or not len(res):
-        return pd.Series(dtype="int64")
+        return pd.DataFrame({"results": pd.Series(dtype="int64"), "showing_more": pd.Series(dtype="int64")})
     rows = res[res["chunk_id"].notna()]
     shown = rows["shown_chunk_ids"] if "shown_chunk_ids" in rows.columns else pd.Series(None, index=rows.index)
     subs = rows["sub_chunk_ids"] if "sub_chunk_ids" in rows.columns else pd.Series(None, index=rows.index)
     more = [_names_others(s if _given(s) else b, own) for s, b, own in zip(shown, subs, rows["chunk_id"], strict=True)]
-    return pd.Series(more, index=rows.index).groupby(rows["stage"].astype(str), sort=False).sum().astype("int64")
+    by_stage = pd.Series(more, index=rows.index, dtype="int64").groupby(rows["stage"].astype(str), sort=False)
+    return pd.DataFrame({"results": by_stage.size(), "showing_more": by_stage.sum()}).astype("int64")
 
 
-def shown_vs_own_ids(run: Run, metrics: Iterable[str] | None = None,
-                     stages: Iterable[str] | None = None) -> pd.DataFrame:
+def showing_more(run: Run) -> pd.Series:
+    """Per stage, how many successful result rows show chunks besides their own (:func:`result_counts`)."""
+    return result_counts(run)["showing_more"]
+
+
+def shown_vs_own_ids(run: Run, metrics: Iterable[str] | None = None, stages: Iterable[str] | None = None, *,
+                     counts: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each metric at each stage scored as shown (the run's scores) and on the results' own ids only.
 
     Columns :data:`COLUMNS`: ``as_shown`` and ``own_ids`` are the stage's means (the mean over valid queries of
     each query's mean over its scored repeats), ``difference`` = as_shown - own_ids, ``results_showing_more``
-    the result rows of the stage that show other chunks (:func:`showing_more`) out of ``results``. A stage with
-    no scored request has no row.
+    the result rows of the stage that show other chunks out of ``results`` (``counts``: :func:`result_counts`
+    when the caller has it already). A stage with no scored request has no row.
     """
     names = list(metrics) if metrics is not None else run.scores.metric_names
     wanted = [s for s in (list(stages) if stages is not None else run.scores.stages) if s in run.scores.stages]
@@ -63,9 +69,8 @@ def shown_vs_own_ids(run: Run, metrics: Iterable[str] | None = None,
         score(run.testset, run.results, names, stages=wanted)
     own = score(run.testset, run.results, names, stages=wanted, sub_chunks="ignore")
     a, b = shown.summary_wide(), own.summary_wide()
-    more = showing_more(run)
-    total = run.results[run.results["chunk_id"].notna()].groupby(run.results["stage"].astype(str), sort=False).size() \
-        if "chunk_id" in run.results.columns else pd.Series(dtype="int64")
+    counts = result_counts(run) if counts is None else counts
+    more, total = counts["showing_more"], counts["results"]
     rows = [{"stage": st, "metric": m, "as_shown": float(a.loc[st, m]), "own_ids": float(b.loc[st, m]),
              "difference": float(a.loc[st, m] - b.loc[st, m]), "results_showing_more": int(more.get(st, 0)),
              "results": int(total.get(st, 0))}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 from IPython.display import HTML
 
-from weknora_nb.analysis.shown import degraded_either_way, showing_more, shown_vs_own_ids
+from weknora_nb.analysis.shown import degraded_either_way, result_counts, showing_more, shown_vs_own_ids
 from weknora_nb.core.run import Run
 from weknora_nb.reports import safe
 
@@ -27,14 +27,14 @@ _SAME = ("No result of this run shows chunks besides its own id (no parent-child
 def shown_figures(run: Run, *, metrics: list[str] | None = None) -> HTML:
     """The metrics of every stage whose results show other chunks, as shown and on own ids only, and what the
     difference means at the stage where it is largest."""
-    more = showing_more(run)
-    stages = [s for s in run.scores.stages if more.get(s, 0) > 0]
+    counts = result_counts(run)
+    stages = [s for s in run.scores.stages if counts["showing_more"].get(s, 0) > 0]
     if not stages:
         return HTML(safe.text(_SAME))
     names = list(metrics or run.scores.metric_names)
     if COVERING not in names:
         names.append(COVERING)
-    table = shown_vs_own_ids(run, names, stages)
+    table = shown_vs_own_ids(run, names, stages, counts=counts)
     parts = [safe.text(_explain(table)), safe.table(_readable(table))]
     return HTML("\n".join(parts))
 
